@@ -1,0 +1,203 @@
+"""The benchmark's one command.
+
+    .venv/bin/python -m bench.run drain|publish|latency|all [--db postgresql|mariadb|sqlite|all]
+
+Prints one table per benchmark (medians over ``--repeat`` rounds; ratios are taken within
+each round, then their median), followed by the command line that reproduces it. Run
+``bash bench/setup.sh`` once first (PGQueuer in bench/.venv-pgqueuer, py-spy/pyinstrument).
+Every table the run creates carries its own prefix (``bench<pid>_``) and is dropped after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shlex
+import sys
+import time
+from functools import partial
+from typing import Any
+
+from .common import DATABASES, median, table
+
+DEFAULT_N = 100_000
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["drain", "publish", "latency", "all"])
+    p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
+    p.add_argument("--n", type=int, default=DEFAULT_N, help="messages per drain")
+    p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported")
+    p.add_argument("--peer-batches", default="10,100,500",
+                   help="PGQueuer batch sizes to try (the best is reported)")
+    p.add_argument("--peer-procs", default="1,2", help="PGQueuer worker processes to try")
+    p.add_argument("--sweep-n", type=int, default=20_000,
+                   help="messages per PGQueuer configuration in the search for its best")
+    p.add_argument("--rates", default="100,2000", help="latency: messages per second")
+    p.add_argument("--seconds", type=float, default=10.0, help="latency: publishing time")
+    p.add_argument("--batch-total", type=int, default=200_000,
+                   help="publish: messages sent in batches")
+    p.add_argument("--single-count", type=int, default=2000,
+                   help="publish: messages sent one transaction each")
+    p.add_argument("--no-peer", action="store_true", help="skip PGQueuer")
+    return p.parse_args(argv)
+
+
+def dbs(args: argparse.Namespace) -> list[str]:
+    return list(DATABASES) if args.db == "all" else [args.db]
+
+
+# ---- drain ---------------------------------------------------------------------------------
+
+def run_drain(args: argparse.Namespace) -> str:
+    from .drain import LIMIT_BATCH, SQLMQ_DRAIN, drain_limit, drain_pgqueuer, drain_sqlmq
+
+    out = []
+    for db in dbs(args):
+        with_peer = db == "postgresql" and not args.no_peer
+        best: tuple[int, int] | None = None
+        sweep_rows = []
+        if with_peer:
+            best_rate = 0.0
+            for procs in _ints(args.peer_procs):
+                for batch in _ints(args.peer_batches):
+                    rate = args.sweep_n / drain_pgqueuer(args.sweep_n, batch, procs)
+                    sweep_rows.append((f"batch_size={batch}, processes={procs}", rate))
+                    _log(f"pgqueuer sweep batch={batch} procs={procs}: {rate:,.0f} msg/s")
+                    if rate > best_rate:
+                        best, best_rate = (batch, procs), rate
+        rounds: list[dict[str, float]] = []
+        for r in range(args.repeat):
+            got: dict[str, float] = {}
+            got["sqlmq"] = args.n / asyncio.run(drain_sqlmq(db, args.n))
+            _log(f"{db} round {r + 1}: sqlmq {got['sqlmq']:,.0f} msg/s")
+            if best is not None:
+                got["pgqueuer"] = args.n / drain_pgqueuer(args.n, *best)
+                _log(f"{db} round {r + 1}: pgqueuer {got['pgqueuer']:,.0f} msg/s")
+            if db == "postgresql":
+                got["limit"] = args.n / asyncio.run(drain_limit(args.n))
+                _log(f"{db} round {r + 1}: in-database limit {got['limit']:,.0f} msg/s")
+            rounds.append(got)
+        rows: list[list[Any]] = []
+        for key, label in (("sqlmq", "sqlmq"), ("pgqueuer", "PGQueuer (best config)"),
+                           ("limit", "in-database limit (server-side loop)")):
+            values = [g[key] for g in rounds if key in g]
+            if values:
+                rows.append([label, median(values), min(values), max(values)])
+        ratios = []
+        if any("pgqueuer" in g for g in rounds):
+            ratios.append(["sqlmq / PGQueuer",
+                           f"{median([g['sqlmq'] / g['pgqueuer'] for g in rounds]):.2f}x"])
+        if any("limit" in g for g in rounds):
+            ratios.append(["sqlmq / in-database limit",
+                           f"{100 * median([g['sqlmq'] / g['limit'] for g in rounds]):.0f}%"])
+        text = table(f"drain on {db}: {args.n:,} messages of 64 bytes, no-op handler, "
+                     f"{args.repeat} rounds (msg/s)",
+                     ["contender", "median", "min", "max"], rows)
+        if ratios:
+            text += "\n" + table("ratios (median of per-round ratios)", ["", "value"], ratios)
+        cfg = ", ".join(f"{k}={v}" for k, v in SQLMQ_DRAIN.items())
+        text += f"\nsqlmq config: one process, {cfg}"
+        if best is not None:
+            text += (f"\nPGQueuer config: batch_size={best[0]}, processes={best[1]} (best of "
+                     f"the sweep below, {args.sweep_n:,} jobs each)\n")
+            text += table("PGQueuer sweep (msg/s)", ["configuration", "msg/s"], sweep_rows)
+        if db == "postgresql":
+            text += (f"\nin-database limit: sqlmq's acquire and settle statements in a "
+                     f"plpgsql DO loop, {LIMIT_BATCH} per batch, COMMIT after each")
+        out.append(text)
+    return "\n\n".join(out)
+
+
+# ---- publish -------------------------------------------------------------------------------
+
+def run_publish(args: argparse.Namespace) -> str:
+    from .publish import BATCH_SIZE, publish_batches, publish_single
+
+    rows = []
+    for db in dbs(args):
+        singles = [asyncio.run(publish_single(db, args.single_count))
+                   for _ in range(args.repeat)]
+        batches = [asyncio.run(publish_batches(db, args.batch_total))
+                   for _ in range(args.repeat)]
+        _log(f"{db}: single {median(singles):,.0f} msg/s, batch {median(batches):,.0f} msg/s")
+        rows.append([db, median(singles), median(batches)])
+    return table(f"publish (msg/s, median of {args.repeat}): single = one transaction per "
+                 f"message, awaited in turn ({args.single_count:,}); batch = publish_batch of "
+                 f"{BATCH_SIZE:,} ({args.batch_total:,} in all)",
+                 ["database", "single", "batch"], rows)
+
+
+# ---- latency -------------------------------------------------------------------------------
+
+def run_latency(args: argparse.Namespace) -> str:
+    from .latency import latency_pgqueuer, latency_sqlmq, latency_sqlmq_in_process
+
+    rows = []
+    for db in dbs(args):
+        for rate in _ints(args.rates):
+            secs = args.seconds
+            cases: list[tuple[str, Any]] = [
+                ("sqlmq, 2 processes", partial(_sync, latency_sqlmq, db, rate, secs)),
+            ]
+            if db == "postgresql" and not args.no_peer:
+                cases.append(("PGQueuer, 2 processes", partial(latency_pgqueuer, rate, secs)))
+            else:
+                cases.append(("sqlmq, 1 process",
+                              partial(_sync, latency_sqlmq_in_process, db, rate, secs)))
+            results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in cases}
+            for _ in range(args.repeat):
+                for name, fn in cases:  # interleaved, so both see the same machine noise
+                    try:
+                        results[name].append(fn())
+                    except RuntimeError as exc:  # reported as a gap, the run goes on
+                        _log(f"{db} {rate}/s {name}: failed: {exc}")
+                        continue
+                    _log(f"{db} {rate}/s {name}: p50 {results[name][-1]['p50']:.1f} ms")
+            for name, got in results.items():
+                rows.append([db, rate, name,
+                             median([g["p50"] for g in got]), median([g["p95"] for g in got]),
+                             median([g["p99"] for g in got]), median([g["rate"] for g in got])])
+    return table(f"latency publish -> handler start (ms, median over {args.repeat} runs of "
+                 f"{args.seconds:g} s; first 5% of samples left out)",
+                 ["database", "rate/s", "who", "p50", "p95", "p99", "achieved/s"], rows)
+
+
+# ---- main ----------------------------------------------------------------------------------
+
+def _sync(fn: Any, *args: Any) -> Any:
+    return asyncio.run(fn(*args))
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _log(line: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def conditions() -> str:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    return (f"machine: {platform.node()} {os.cpu_count()} CPUs, python "
+            f"{platform.python_version()}, load average at the end "
+            f"{', '.join(f'{x:.1f}' for x in load)}; databases on the same host")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    what = ["drain", "publish", "latency"] if args.what == "all" else [args.what]
+    for name in what:  # each table as soon as it is done
+        print({"drain": run_drain, "publish": run_publish,
+               "latency": run_latency}[name](args) + "\n", flush=True)
+    print(f"\n{conditions()}")
+    print(f"reproduce: .venv/bin/python -m bench.run {shlex.join(argv)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""sqlmq: a message broker that lives in your relational database."""
+
+from .broker import Broker
+from .codec import decode, encode
+from .connect import safe_url
+from .engines import Engine, engine_for
+from .errors import (
+    AlreadySettled,
+    ConfigurationError,
+    DecodeError,
+    EncodeError,
+    HandlerSignatureError,
+    PayloadTooLarge,
+    PublishError,
+    SchemaError,
+    SqlmqError,
+)
+from .message import Message
+from .records import Delivery, QueueStats, Settlement
+from .retry import Retry, RetryStrategy
+from .schema import (
+    SCHEMA_VERSION,
+    Schema,
+    archive_table,
+    build_schema,
+    message_table,
+    metadata,
+)
+from .states import AckPolicy, Outcome, State
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AckPolicy",
+    "AlreadySettled",
+    "Broker",
+    "ConfigurationError",
+    "DecodeError",
+    "Delivery",
+    "EncodeError",
+    "Engine",
+    "HandlerSignatureError",
+    "Message",
+    "Outcome",
+    "PayloadTooLarge",
+    "PublishError",
+    "QueueStats",
+    "Retry",
+    "RetryStrategy",
+    "Schema",
+    "SchemaError",
+    "Settlement",
+    "SqlmqError",
+    "State",
+    "archive_table",
+    "build_schema",
+    "decode",
+    "encode",
+    "engine_for",
+    "message_table",
+    "metadata",
+    "safe_url",
+]

@@ -1,0 +1,43 @@
+"""Retrying a loop's database work after a fault: exponential backoff with jitter, and one
+log line per incident (when it starts and when it ends), not one per attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from sqlalchemy.exc import DBAPIError
+
+log = logging.getLogger("sqlmq")
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description. SQLAlchemy errors carry the SQL text, not the URL, so no
+    password can leak through here."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+class Backoff:
+    def __init__(self, what: str, base: float = 0.05, cap: float = 5.0) -> None:
+        self.what = what
+        self.base = base
+        self.cap = cap
+        self.failures = 0
+
+    async def failed(self, exc: BaseException) -> None:
+        if self.failures == 0:
+            unexpected = not isinstance(exc, DBAPIError | OSError | TimeoutError | ConnectionError)
+            log.warning("%s failed (%s); retrying with backoff", self.what, describe(exc),
+                        exc_info=exc if unexpected else None)
+        self.failures += 1
+        delay = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
+        await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.warning("%s recovered after %d failed tries", self.what, self.failures)
+            self.failures = 0

@@ -1,0 +1,158 @@
+"""From a URL to SQLAlchemy engines (async for the runtime, sync for ``publish_sync``).
+
+Users write ``postgresql://``, ``mysql://``/``mariadb://`` or ``sqlite:///path``; sqlmq picks
+the drivers. Passwords never leave this module in clear: :func:`safe_url` is what logs,
+errors and the CLI show.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from sqlalchemy import URL, event, make_url
+from sqlalchemy.engine import Engine as SyncEngine
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from .errors import ConfigurationError
+
+# backend -> (async driver, sync driver)
+_DRIVERS = {
+    "postgresql": ("asyncpg", "psycopg"),
+    "mysql": ("asyncmy", "pymysql"),
+    "mariadb": ("asyncmy", "pymysql"),
+    "sqlite": ("aiosqlite", "pysqlite"),
+}
+_ALIASES = {"postgres": "postgresql"}
+_MODULES = {"pysqlite": "sqlite3"}
+
+#: Execution option marking a connection that only reads (SQLite then skips the write lock).
+READ_ONLY = "sqlmq_read_only"
+
+
+def parse_url(url: str | URL) -> URL:
+    """Validate a database URL and return it with sqlmq's async driver."""
+    if isinstance(url, str):
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+            raise ConfigurationError(
+                f"cannot parse database URL {_mask_text(url)!r}: expected postgresql://..., "
+                "mysql://..., mariadb://... or sqlite:///path"
+            ) from None
+    else:
+        parsed = url
+    backend = _ALIASES.get(parsed.get_backend_name(), parsed.get_backend_name())
+    if backend not in _DRIVERS:
+        raise ConfigurationError(
+            f"unsupported database {backend!r} in {safe_url(parsed)}: sqlmq supports "
+            "postgresql://, mysql://, mariadb:// and sqlite:///path"
+        )
+    if backend == "sqlite" and (not parsed.database or parsed.database == ":memory:"):
+        raise ConfigurationError(
+            "sqlite needs a file path (sqlite:///path/to/file.db): an in-memory database is "
+            "private to one connection, so workers and publishers would not share it"
+        )
+    driver = _DRIVERS[backend][0]
+    _require(driver)
+    return parsed.set(drivername=f"{backend}+{driver}")
+
+
+def sync_url(url: URL) -> URL:
+    backend = _ALIASES.get(url.get_backend_name(), url.get_backend_name())
+    driver = _DRIVERS[backend][1]
+    _require(driver)
+    return url.set(drivername=f"{backend}+{driver}")
+
+
+def _require(driver: str) -> None:
+    module = _MODULES.get(driver, driver)
+    if importlib.util.find_spec(module) is None:
+        raise ConfigurationError(
+            f"database driver {driver!r} is not installed: pip install {driver}"
+        )
+
+
+def safe_url(url: str | URL | AsyncEngine | SyncEngine) -> str:
+    """The URL with its password replaced by ``***``."""
+    if isinstance(url, AsyncEngine | SyncEngine):
+        url = url.url
+    if isinstance(url, str):
+        try:
+            url = make_url(url)
+        except (ArgumentError, ValueError):
+            return _mask_text(url)
+    return url.render_as_string(hide_password=True)
+
+
+def _mask_text(url: str) -> str:
+    # An unparseable URL may still carry user:password@; cut it out.
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
+
+
+def _engine_options(url: URL) -> dict[str, Any]:
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return {"connect_args": {"timeout": 60}}
+    opts: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 20}
+    if backend in ("mysql", "mariadb"):
+        opts["isolation_level"] = "READ COMMITTED"
+        opts["pool_recycle"] = 3600
+    return opts
+
+
+def create_async(url: URL) -> AsyncEngine:
+    if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
+        url = url.update_query_dict({"charset": "utf8mb4"})
+    options = _engine_options(url)
+    if url.get_backend_name() == "postgresql" and "application_name" in url.query:
+        # asyncpg rejects it as a connect() keyword; it is a server setting there.
+        name = url.query["application_name"]
+        options["connect_args"] = {"server_settings": {"application_name": str(name)}}
+        url = url.difference_update_query(["application_name"])
+    engine = create_async_engine(url, **options)
+    if url.get_backend_name() == "sqlite":
+        prepare_sqlite(engine.sync_engine)
+    return engine
+
+
+def create_sync(url: URL) -> SyncEngine:
+    from sqlalchemy import create_engine
+
+    if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
+        url = url.update_query_dict({"charset": "utf8mb4"})
+    engine = create_engine(url, **_engine_options(url))
+    if url.get_backend_name() == "sqlite":
+        prepare_sqlite(engine)
+    return engine
+
+
+def prepare_sqlite(engine: SyncEngine) -> None:
+    """WAL, a long busy timeout, and ``BEGIN IMMEDIATE`` for every transaction.
+
+    The driver's own deferred BEGIN would let two processes both read a message as ready
+    and then race to upgrade their locks; taking the write lock up front makes acquire
+    exclusive instead.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        # Reads (stats, reports) need no write lock: with one they would queue behind every
+        # open writer, a caller's outbox transaction included.
+        if conn.get_execution_options().get(READ_ONLY):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,167 @@
+"""``sqlmq demo``: the whole lifecycle on a real database in about ten seconds.
+
+Worker processes share one queue; about one message in eight fails its first attempt and is
+retried with backoff; one in fifty always fails and ends FAILED in the archive when its
+retries run out; one poison message kills whichever process handles it, until
+``max_deliveries`` stops it. The parent restarts dead workers, draws a progress bar and
+prints what the database says at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import time
+import zlib
+from typing import Any
+
+from sqlalchemy import func, select
+
+from .broker import Broker
+from .connect import create_sync, parse_url, sync_url
+from .message import Message
+from .retry import Retry
+from .schema import build_schema
+
+QUEUE = "demo"
+PREFIX = "sqlmq_demo_"
+LEASE = 2.0
+MAX_DELIVERIES = 5
+
+
+def _fate(n: int) -> str:
+    bucket = zlib.crc32(str(n).encode()) % 100
+    if bucket < 2:
+        return "always-fails"
+    if bucket < 14:
+        return "fails-once"
+    return "ok"
+
+
+def _worker_main(url: str) -> None:
+    """A worker process: one subscriber, run until SIGTERM."""
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    broker = Broker(url, table_prefix=PREFIX, recovery_interval=0.25, recovery_spread=1.0)
+
+    @broker.subscriber(QUEUE, workers=8, fetch_batch=25, lease=LEASE,
+                       max_deliveries=MAX_DELIVERIES,
+                       retry=Retry.exponential(initial=0.05, max_attempts=3, jitter=0.2))
+    async def handle(msg: Message) -> None:
+        body = msg.body
+        if body.get("poison"):
+            os._exit(17)  # like an OOM kill or a segfault: no exception, no cleanup
+        fate = _fate(body["n"])
+        if fate == "always-fails" or (fate == "fails-once" and msg.attempts == 0):
+            raise RuntimeError(f"payment gateway timeout for order {body['n']}")
+        await asyncio.sleep(0.0005)
+
+    asyncio.run(broker.run())
+
+
+async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    console = Console()
+    _reset_tables(url)
+    broker = Broker(url, table_prefix=PREFIX)
+    await broker.migrate()
+    console.print(f"[bold]sqlmq demo[/] on {broker.url}: {messages} messages, "
+                  f"{processes} worker processes, lease {LEASE:.0f}s, "
+                  f"max_deliveries {MAX_DELIVERIES}")
+    started = time.monotonic()
+    bodies: list[dict[str, Any]] = [{"n": n} for n in range(messages)]
+    bodies.insert(messages // 3, {"poison": True, "n": -1})
+    for i in range(0, len(bodies), 1000):
+        await broker.publish_batch(QUEUE, bodies[i : i + 1000])
+    total = len(bodies)
+
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_worker_main, args=(url,), daemon=True) for _ in range(processes)]
+    for w in workers:
+        w.start()
+    crashes = 0
+    archive = broker.schema.archive
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("archived", total=total)
+        done = 0
+        deadline = time.monotonic() + 120 + messages / 200
+        while done < total and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            async with broker.db.connect() as conn:
+                done = (await conn.execute(select(func.count()).select_from(archive))).scalar_one()
+            progress.update(task, completed=done,
+                            description=f"archived (worker crashes: {crashes})")
+            for i, w in enumerate(workers):
+                if not w.is_alive():
+                    crashes += 1
+                    workers[i] = ctx.Process(target=_worker_main, args=(url,), daemon=True)
+                    workers[i].start()
+    elapsed = time.monotonic() - started
+    for w in workers:
+        if w.is_alive():
+            os.kill(w.pid, signal.SIGTERM)  # type: ignore[arg-type]
+    for w in workers:
+        w.join(timeout=30)
+
+    async with broker.db.connect() as conn:
+        states = dict((await conn.execute(
+            select(archive.c.state, func.count()).group_by(archive.c.state))).all())
+        deliveries = dict((await conn.execute(
+            select(archive.c.deliveries_count, func.count())
+            .group_by(archive.c.deliveries_count))).all())
+        exhausted = (await conn.execute(
+            select(func.count()).select_from(archive).where(
+                archive.c.state == "FAILED", archive.c.error.like("retries exhausted%"))
+        )).scalar_one()
+        retried = (await conn.execute(
+            select(func.count()).select_from(archive).where(archive.c.attempts_count > 1)
+        )).scalar_one()
+        poison = (await conn.execute(
+            select(archive.c.state, archive.c.deliveries_count, archive.c.error)
+            .where(archive.c.id.in_(select(archive.c.id).where(
+                archive.c.payload.like(b'%"poison"%'))))
+        )).first()
+    left = sum(s.pending + s.processing + s.retryable for s in await broker.stats())
+    await broker.close()
+
+    table = Table(title="sqlmq demo: what the database says")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("messages published", str(total))
+    table.add_row("archived COMPLETED", str(states.get("COMPLETED", 0)))
+    failed = states.get("FAILED", 0)
+    table.add_row("archived FAILED (dead letters)", str(failed))
+    table.add_row("  of which: retries exhausted", str(exhausted))
+    table.add_row("  of which: max deliveries exceeded", str(failed - exhausted))
+    table.add_row("left in the queue", str(left))
+    table.add_row("messages that needed a retry", str(retried))
+    for n in sorted(deliveries):
+        table.add_row(f"messages delivered {n}×", str(deliveries[n]))
+    table.add_row("worker crashes (poison message)", str(crashes))
+    if poison is not None:
+        table.add_row("poison message", f"{poison.state} after {poison.deliveries_count} "
+                                        f"deliveries: {poison.error}")
+    table.add_row("elapsed", f"{elapsed:.1f} s")
+    table.add_row("throughput", f"{total / elapsed:,.0f} msg/s (incl. retries and backoff)")
+    console.print(table)
+    console.print("Inspect it: sqlmq queues --url "
+                  f"{broker.url} --prefix {PREFIX}; sqlmq dlq list --url {broker.url} "
+                  f"--prefix {PREFIX}")
+    ok = left == 0 and sum(states.values()) == total
+    return 0 if ok else 1
+
+
+def _reset_tables(url: str) -> None:
+    """Start every demo from empty tables of its own prefix."""
+    engine = create_sync(sync_url(parse_url(url)))
+    try:
+        build_schema(PREFIX).metadata.drop_all(engine)
+    finally:
+        engine.dispose()

@@ -1,0 +1,260 @@
+"""The engine contract: every statement that touches message rows goes through one of these
+methods, named after the lifecycle. One implementation per database lives beside this
+file; dialect differences live there and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from sqlalchemy import TextClause, column, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ..connect import READ_ONLY
+from ..records import Delivery, QueueStats, Settlement
+from ..schema import Schema, UTCDateTime
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the broker and the subscriber runtime need from a database.
+
+    Every write after acquisition is fenced on ``(id, deliveries)`` and state PROCESSING:
+    methods return the ids they actually wrote, and anything missing was stale.
+    """
+
+    dialect: str
+    schema: Schema
+
+    async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
+        """Mark up to ``limit`` ready messages PROCESSING (one more delivery each, a lease of
+        ``lease`` seconds) and return them in ``next_attempt_at`` order."""
+        ...
+
+    async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
+        """Apply a batch of results in one transaction; archive, retry or release."""
+        ...
+
+    async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
+        """Push the lease of each held ``(id, deliveries)`` to now + ``seconds``."""
+        ...
+
+    async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
+        """Return messages whose lease expired to PENDING, recording why.
+
+        Each becomes ready at a random moment within ``spread`` seconds, so that messages
+        which were prefetched beside a poison message do not travel with it into the next
+        batch (and the next crash) again.
+        """
+        ...
+
+    async def requeue_archived(
+        self, *, queue: str | None = None, ids: Sequence[int] | None = None,
+        state: str = "FAILED",
+    ) -> int:
+        """Move archived messages back to the table as fresh PENDING messages."""
+        ...
+
+    async def purge_archived(
+        self, *, queue: str | None = None, state: str | None = None,
+        before: datetime | None = None,
+    ) -> int:
+        ...
+
+    async def stats(self) -> list[QueueStats]:
+        ...
+
+    async def now(self) -> datetime:
+        ...
+
+
+class SqlEngine:
+    """Shared plumbing of the SQL engines: typed text statements and row conversion."""
+
+    dialect = "generic"
+
+    def __init__(self, db: AsyncEngine, schema: Schema) -> None:
+        self.db = db
+        self.schema = schema
+        self.names = schema.names
+        #: Names the lock that lets one process at a time recover expired leases.
+        self.recovery_lock = f"sqlmq:recover:{schema.prefix}"
+        self._types = {c.name: c.type for c in schema.message.c}
+        self._types.update({c.name: c.type for c in schema.archive.c})
+        self._types["scheduled_at"] = UTCDateTime()
+        self._types["db_now"] = UTCDateTime()
+
+    def sql(self, statement: str, *result_columns: str) -> TextClause:
+        """A text statement with table names filled in and result columns typed."""
+        clause = text(statement.format(**self.names))
+        if result_columns:
+            clause = clause.columns(*(column(n, self._types[n]) for n in result_columns))
+        return clause
+
+    @staticmethod
+    def delivery(row: Any) -> Delivery:
+        return Delivery(
+            id=row.id,
+            queue=row.queue,
+            headers=_as_json(row.headers) or {},
+            payload=bytes(row.payload),
+            attempts=row.attempts_count,
+            deliveries=row.deliveries_count,
+            created_at=row.created_at,
+            first_attempt_at=row.first_attempt_at,
+            acquired_at=row.acquired_at,
+            lease_expires_at=row.lease_expires_at,
+            scheduled_at=row.scheduled_at,
+            history=_as_json(row.history) or [],
+        )
+
+    @staticmethod
+    def settlement_json(settlements: Sequence[Settlement]) -> str:
+        """The batch as one JSON array parameter (for JSON_TABLE / json_each)."""
+        return json.dumps(
+            [
+                [
+                    s.id,
+                    s.deliveries,
+                    s.outcome.value,
+                    s.error,
+                    s.delay,
+                    1 if s.refund else 0,
+                    1 if s.attempted else 0,
+                    None if s.history is None else json.dumps(s.history),
+                ]
+                for s in settlements
+            ]
+        )
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, str | bytes):
+        return json.loads(value)
+    return value
+
+
+DELIVERY_COLUMNS = (
+    "id", "queue", "headers", "payload", "attempts_count", "deliveries_count", "created_at",
+    "first_attempt_at", "acquired_at", "lease_expires_at", "scheduled_at", "history",
+)
+STATS_COLUMNS = ("queue", "state", "n", "oldest")
+
+
+class ArchiveAndStatsMixin:
+    """Statements off the hot path, written once in SQLAlchemy Core for every database."""
+
+    db: AsyncEngine
+    schema: Schema
+
+    async def now(self) -> datetime:
+        from sqlalchemy import literal, select
+
+        from ..sqltime import db_now_plus
+
+        async with self.db.connect() as conn:
+            await conn.execution_options(**{READ_ONLY: True})
+            return (await conn.execute(select(db_now_plus(literal(0.0))))).scalar_one()
+
+    def _archive_filter(
+        self, queue: str | None, ids: Sequence[int] | None, state: str | None,
+        before: datetime | None,
+    ) -> list[Any]:
+        a = self.schema.archive
+        where: list[Any] = []
+        if queue is not None:
+            where.append(a.c.queue == queue)
+        if ids is not None:
+            where.append(a.c.id.in_(list(ids)))
+        if state is not None:
+            where.append(a.c.state == state)
+        if before is not None:
+            where.append(a.c.archived_at < before)
+        return where
+
+    async def requeue_archived(
+        self, *, queue: str | None = None, ids: Sequence[int] | None = None,
+        state: str = "FAILED",
+    ) -> int:
+        from sqlalchemy import delete, insert, literal, select
+
+        from ..sqltime import db_now_plus
+
+        a, m = self.schema.archive, self.schema.message
+        where = self._archive_filter(queue, ids, state, None)
+        async with self.db.begin() as conn:
+            # Lock the archive rows first so a concurrent requeue cannot copy them twice.
+            locked = select(a.c.id).where(*where).with_for_update()
+            if self.db.dialect.name == "sqlite":
+                locked = select(a.c.id).where(*where)  # BEGIN IMMEDIATE already serialises
+            picked = list((await conn.execute(locked)).scalars())
+            if not picked:
+                return 0
+            moved = 0
+            for start in range(0, len(picked), 500):
+                chunk = picked[start : start + 500]
+                src = select(
+                    a.c.id, a.c.queue, a.c.headers, a.c.payload, literal("PENDING"),
+                    literal(0), literal(0), a.c.created_at, db_now_plus(literal(0.0)),
+                    a.c.error, a.c.history,
+                ).where(a.c.id.in_(chunk))
+                await conn.execute(
+                    insert(m).from_select(
+                        ["id", "queue", "headers", "payload", "state", "attempts_count",
+                         "deliveries_count", "created_at", "next_attempt_at", "last_error",
+                         "history"],
+                        src,
+                    )
+                )
+                moved += (await conn.execute(delete(a).where(a.c.id.in_(chunk)))).rowcount
+            return moved
+
+    async def purge_archived(
+        self, *, queue: str | None = None, state: str | None = None,
+        before: datetime | None = None,
+    ) -> int:
+        from sqlalchemy import delete
+
+        a = self.schema.archive
+        async with self.db.begin() as conn:
+            result = await conn.execute(
+                delete(a).where(*self._archive_filter(queue, None, state, before))
+            )
+            return result.rowcount
+
+    async def stats(self) -> list[QueueStats]:
+        from sqlalchemy import func, select
+
+        m, a = self.schema.message, self.schema.archive
+        counts: dict[str, dict[str, Any]] = {}
+        async with self.db.connect() as conn:
+            await conn.execution_options(**{READ_ONLY: True})
+            live = await conn.execute(
+                select(m.c.queue, m.c.state, func.count(), func.min(m.c.next_attempt_at))
+                .group_by(m.c.queue, m.c.state)
+            )
+            for queue, state, n, oldest in live:
+                q = counts.setdefault(queue, {"oldest": None})
+                q[state] = n
+                if oldest is not None and (q["oldest"] is None or oldest < q["oldest"]):
+                    q["oldest"] = oldest
+            done = await conn.execute(
+                select(a.c.queue, a.c.state, func.count()).group_by(a.c.queue, a.c.state)
+            )
+            for queue, state, n in done:
+                counts.setdefault(queue, {"oldest": None})[state] = n
+        return [
+            QueueStats(
+                queue=q,
+                pending=c.get("PENDING", 0),
+                processing=c.get("PROCESSING", 0),
+                retryable=c.get("RETRYABLE", 0),
+                completed=c.get("COMPLETED", 0),
+                failed=c.get("FAILED", 0),
+                oldest_ready_at=c["oldest"],
+            )
+            for q, c in sorted(counts.items())
+        ]

@@ -1,0 +1,42 @@
+"""Every error sqlmq raises on purpose derives from :class:`SqlmqError`.
+
+Each names the problem in its message, so the user can act on it without reading code.
+"""
+
+from __future__ import annotations
+
+
+class SqlmqError(Exception):
+    """Base class for sqlmq's own errors."""
+
+
+class ConfigurationError(SqlmqError, ValueError):
+    """A URL, option or table prefix sqlmq cannot work with."""
+
+
+class SchemaError(SqlmqError):
+    """The database schema is missing or older than this version of sqlmq expects."""
+
+
+class PublishError(SqlmqError, ValueError):
+    """A message that cannot be published as given; nothing was written."""
+
+
+class EncodeError(PublishError, TypeError):
+    """A body the codec cannot turn into bytes."""
+
+
+class PayloadTooLarge(PublishError):
+    """A payload above the broker's ``max_payload_bytes``."""
+
+
+class DecodeError(SqlmqError):
+    """A payload that cannot be decoded into what the handler asks for."""
+
+
+class HandlerSignatureError(SqlmqError, TypeError):
+    """A handler whose signature sqlmq cannot satisfy."""
+
+
+class AlreadySettled(SqlmqError):
+    """A message was acknowledged, nacked or rejected twice within one delivery."""

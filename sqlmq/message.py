@@ -1,0 +1,125 @@
+"""The message a handler receives, and its manual settle calls."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .codec import CONTENT_TYPE, decode
+from .errors import AlreadySettled
+from .records import Delivery
+from .retry import MAX_DELAY
+
+if TYPE_CHECKING:
+    from .runtime import SubscriberRuntime
+
+
+class Decision:
+    __slots__ = ("delay", "kind", "reason")
+
+    def __init__(self, kind: str, delay: float | None = None, reason: str | None = None):
+        self.kind = kind  # "ack" | "nack" | "reject"
+        self.delay = delay
+        self.reason = reason
+
+
+class Message:
+    """One delivery of a message. Settle it by returning (per the ack policy) or by hand
+    with :meth:`ack`, :meth:`nack` or :meth:`reject`; the write is batched with others."""
+
+    __slots__ = ("_body", "_decision", "_delivery", "_runtime")
+
+    def __init__(self, delivery: Delivery, runtime: SubscriberRuntime | None = None) -> None:
+        self._delivery = delivery
+        self._runtime = runtime
+        self._decision: Decision | None = None
+        self._body: Any = _UNSET
+
+    @property
+    def id(self) -> int:
+        return self._delivery.id
+
+    @property
+    def queue(self) -> str:
+        return self._delivery.queue
+
+    @property
+    def payload(self) -> bytes:
+        return self._delivery.payload
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self._delivery.headers
+
+    @property
+    def content_type(self) -> str | None:
+        return self._delivery.headers.get(CONTENT_TYPE)
+
+    @property
+    def body(self) -> Any:
+        """The payload decoded by its content type (JSON, text, else bytes)."""
+        if self._body is _UNSET:
+            self._body = decode(self._delivery.payload, self.content_type)
+        return self._body
+
+    @property
+    def attempts(self) -> int:
+        """Attempts finished before this one."""
+        return self._delivery.attempts
+
+    @property
+    def deliveries(self) -> int:
+        """Deliveries so far, this one included."""
+        return self._delivery.deliveries
+
+    @property
+    def created_at(self) -> datetime:
+        return self._delivery.created_at
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """How earlier deliveries ended (newest last, bounded)."""
+        return list(self._delivery.history)
+
+    @property
+    def decision(self) -> Decision | None:
+        return self._decision
+
+    def _decide(self, decision: Decision) -> None:
+        if self._decision is not None:
+            raise AlreadySettled(
+                f"message {self.id} was already {self._decision.kind}ed in this delivery"
+            )
+        self._decision = decision
+
+    async def ack(self) -> None:
+        """Archive as COMPLETED."""
+        self._decide(Decision("ack"))
+
+    async def nack(self, delay: float | timedelta | None = None) -> None:
+        """Ask for a retry; the retry strategy decides whether one is left. ``delay``
+        overrides the strategy's delay."""
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None and delay < 0:
+            raise ValueError(f"nack delay must not be negative, got {delay}")
+        if delay is not None and not delay <= MAX_DELAY:
+            raise ValueError(f"nack delay of {delay}s is over the limit of {MAX_DELAY:.0f}s")
+        self._decide(Decision("nack", delay=delay))
+
+    async def reject(self, reason: str | None = None) -> None:
+        """Archive as FAILED at once, with ``reason`` as the error."""
+        self._decide(Decision("reject", reason=reason))
+
+    async def extend(self, seconds: float) -> bool:
+        """Push this delivery's lease to now + ``seconds``; False if it was lost already."""
+        if self._runtime is None:
+            raise RuntimeError("this message is not held by a running subscriber")
+        return await self._runtime.extend_one(self._delivery, seconds)
+
+    def __repr__(self) -> str:
+        return (f"<Message id={self.id} queue={self.queue!r} deliveries={self.deliveries} "
+                f"attempts={self.attempts}>")
+
+
+_UNSET: Any = object()

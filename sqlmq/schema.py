@@ -1,0 +1,272 @@
+"""The tables sqlmq keeps, as SQLAlchemy Core objects on one ``MetaData``.
+
+Users can hand :data:`metadata` (or one built with another prefix) to Alembic. Two
+invariants the engines rely on are encoded here:
+
+* ``next_attempt_at`` is NULL exactly while a message is PROCESSING. The acquire predicate
+  is then a single range, ``next_attempt_at <= now``, on the index ``(queue,
+  next_attempt_at, id)``: no state filter, no sort of a whole backlog, on every database.
+* ``lease_expires_at`` is set exactly while a message is PROCESSING, so recovery of expired
+  leases reads one small index.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects import mysql, postgresql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+from .errors import ConfigurationError
+
+#: Bumped by every migration in :mod:`sqlmq.migrate`.
+SCHEMA_VERSION = 2
+
+DEFAULT_PREFIX = "sqlmq_"
+MAX_QUEUE_NAME = 128
+
+# Prefixes become part of SQL identifiers, so they are validated, never quoted blindly.
+_PREFIX_RE = re.compile(r"^[a-z][a-z0-9_]{0,29}$")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on the Python side on every database.
+
+    PostgreSQL stores ``timestamptz``; MySQL and SQLite have no zone, so UTC is stored
+    naive (``DATETIME(6)`` on MySQL, ISO text with microseconds on SQLite, which sorts
+    as text) and the zone is put back on read.
+    """
+
+    impl = DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(postgresql.TIMESTAMP(timezone=True))
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware datetime")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # a raw SQLite expression result
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class QueueName(TypeDecorator[str]):
+    """Queue names compare exactly. MySQL's default collations fold case and ignore trailing
+    spaces, so a subscriber to ``orders`` would also take ``Orders `` messages; a binary,
+    no-pad collation keeps them apart (PostgreSQL and SQLite compare exactly already)."""
+
+    impl = String(MAX_QUEUE_NAME)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in ("mysql", "mariadb"):
+            nopad = "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else (
+                "utf8mb4_0900_bin")
+            return dialect.type_descriptor(
+                mysql.VARCHAR(MAX_QUEUE_NAME, charset="utf8mb4", collation=nopad)
+            )
+        return dialect.type_descriptor(String(MAX_QUEUE_NAME))
+
+
+def _json() -> Any:
+    return JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+
+def _payload() -> Any:
+    return LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+
+
+def _id() -> Any:
+    # SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias).
+    return BigInteger().with_variant(Integer(), "sqlite")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The tables of one prefix. Engines format their SQL with :attr:`names`."""
+
+    prefix: str
+    metadata: MetaData
+    message: Table
+    archive: Table
+    version: Table
+    spark_consumer: Table
+    spark_lease: Table
+    spark_staging: Table
+    spark_sink_batch: Table
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {"m": self.message.name, "a": self.archive.name, "v": self.version.name}
+
+
+def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Schema:
+    """Tables named ``{prefix}message``, ``{prefix}archive`` and ``{prefix}schema``."""
+    check_prefix(prefix)
+    md = metadata if metadata is not None else MetaData()
+    m = f"{prefix}message"
+    message = Table(
+        m,
+        md,
+        Column("id", _id(), primary_key=True, autoincrement=True),
+        Column("queue", QueueName(), nullable=False),
+        Column("headers", _json(), nullable=False),
+        Column("payload", _payload(), nullable=False),
+        Column("state", String(10), nullable=False, server_default=text("'PENDING'")),
+        Column("attempts_count", Integer, nullable=False, server_default=text("0")),
+        Column("deliveries_count", Integer, nullable=False, server_default=text("0")),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Column("first_attempt_at", UTCDateTime()),
+        Column("next_attempt_at", UTCDateTime()),
+        Column("last_attempt_at", UTCDateTime()),
+        Column("acquired_at", UTCDateTime()),
+        Column("lease_expires_at", UTCDateTime()),
+        Column("last_error", Text),
+        Column("history", _json()),
+        Index(
+            f"ix_{m}_ready",
+            "queue",
+            "next_attempt_at",
+            "id",
+            postgresql_where=text("next_attempt_at IS NOT NULL"),
+            sqlite_where=text("next_attempt_at IS NOT NULL"),
+        ),
+        Index(
+            f"ix_{m}_lease",
+            "lease_expires_at",
+            postgresql_where=text("lease_expires_at IS NOT NULL"),
+            sqlite_where=text("lease_expires_at IS NOT NULL"),
+        ),
+        # Without AUTOINCREMENT SQLite reuses the ids of deleted rows: once the newest
+        # messages are archived, a new message would get an id the archive already has.
+        sqlite_autoincrement=True,
+    )
+    a = f"{prefix}archive"
+    archive = Table(
+        a,
+        md,
+        Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+               autoincrement=False),
+        Column("queue", QueueName(), nullable=False),
+        Column("headers", _json(), nullable=False),
+        Column("payload", _payload(), nullable=False),
+        Column("state", String(10), nullable=False),
+        Column("attempts_count", Integer, nullable=False),
+        Column("deliveries_count", Integer, nullable=False),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Column("first_attempt_at", UTCDateTime()),
+        Column("last_attempt_at", UTCDateTime()),
+        Column("archived_at", UTCDateTime(), nullable=False),
+        Column("error", Text),
+        Column("history", _json()),
+        Index(f"ix_{a}_queue_archived", "queue", "archived_at"),
+        Index(f"ix_{a}_state_archived", "state", "archived_at"),
+    )
+    version = Table(
+        f"{prefix}schema",
+        md,
+        Column("version", Integer, primary_key=True, autoincrement=False),
+        Column("applied_at", UTCDateTime(), nullable=False),
+    )
+    return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md))
+
+
+def _spark_tables(prefix: str, md: MetaData) -> tuple[Table, Table, Table, Table]:
+    """Bookkeeping of the Spark source and sink (schema version 2).
+
+    ``spark_consumer``: one row per named stream, its owner and heartbeat (one running query
+    per name) and its lease sequence; ``spark_lease``: the deliveries each sequence number
+    leased, kept until Spark commits it; ``spark_staging``: rows written by executors, moved
+    to the message table by the driver's commit; ``spark_sink_batch``: the streaming batch
+    ids a sink has published, so a replayed batch is not published twice.
+    """
+    consumer = Table(
+        f"{prefix}spark_consumer",
+        md,
+        Column("consumer", String(MAX_QUEUE_NAME), primary_key=True),
+        Column("queue", QueueName(), nullable=False),
+        Column("owner", String(64)),
+        Column("heartbeat_at", UTCDateTime()),
+        Column("leased_seq", BigInteger, nullable=False, server_default=text("0")),
+        Column("acked_seq", BigInteger, nullable=False, server_default=text("0")),
+    )
+    lease = Table(
+        f"{prefix}spark_lease",
+        md,
+        Column("consumer", String(MAX_QUEUE_NAME), primary_key=True),
+        Column("seq", BigInteger, primary_key=True, autoincrement=False),
+        Column("id", BigInteger, primary_key=True, autoincrement=False),
+        Column("deliveries", Integer, nullable=False),
+        Column("attempts", Integer, nullable=False),
+    )
+    s = f"{prefix}spark_staging"
+    staging = Table(
+        s,
+        md,
+        Column("row_id", _id(), primary_key=True, autoincrement=True),
+        Column("token", String(64), nullable=False),
+        Column("attempt", BigInteger, nullable=False),
+        Column("queue", QueueName(), nullable=False),
+        Column("headers", _json(), nullable=False),
+        Column("payload", _payload(), nullable=False),
+        Column("delay", Float, nullable=False),
+        Column("staged_at", UTCDateTime(), nullable=False),
+        Index(f"ix_{s}_token", "token", "attempt"),
+    )
+    batch = Table(
+        f"{prefix}spark_sink_batch",
+        md,
+        Column("sink", String(MAX_QUEUE_NAME), primary_key=True),
+        Column("batch_id", BigInteger, primary_key=True, autoincrement=False),
+        Column("committed_at", UTCDateTime(), nullable=False),
+    )
+    return consumer, lease, staging, batch
+
+
+def check_prefix(prefix: str) -> None:
+    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):  # `$` allows "\n"
+        raise ConfigurationError(
+            f"table prefix {prefix!r} is not allowed: use 1-30 lowercase letters, digits or "
+            "underscores, starting with a letter"
+        )
+
+
+#: The default schema's tables (prefix ``sqlmq_``), for Alembic and direct queries.
+default_schema = build_schema()
+metadata = default_schema.metadata
+message_table = default_schema.message
+archive_table = default_schema.archive

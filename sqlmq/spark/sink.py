@@ -1,0 +1,369 @@
+"""Publishing a DataFrame as messages, all or nothing.
+
+Executors *stage* rows in ``spark_staging`` (tagged with the writer's token and the task
+attempt) and return what they staged; the driver's commit moves the staged rows of the
+successful attempts into the message table and deletes everything the job staged, in one
+transaction. Subscribers see nothing before that commit, a failed job publishes nothing,
+and rows of failed or speculative attempts are removed with the rest. A streaming sink also
+records each published batch id in ``spark_sink_batch`` in the same transaction, so a batch
+Spark replays after a crash is not published twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+)
+from sqlalchemy import delete, insert, literal, select
+
+from ..broker import DEFAULT_MAX_PAYLOAD
+from ..codec import BYTES_TYPE, CONTENT_TYPE, TEXT_TYPE
+from ..errors import ConfigurationError, PayloadTooLarge, PublishError
+from ..sqltime import db_now_plus
+from ..subscriber import check_queue
+from .options import Database, Options, queue_option
+
+_NUMBERS = (ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType, DecimalType)
+_COLUMNS = {
+    "payload": "binary",
+    "body": "string",
+    "queue": "string",
+    "headers": "map<string,string>",
+    "delay": "a number of seconds",
+    "key": "string",
+}
+#: Staged rows older than this belong to jobs that died without an abort; any commit drops them.
+STAGING_TTL = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    db: Database
+    queue: str | None
+    columns: tuple[str, ...]
+    content_type: str
+    max_payload_bytes: int
+    sink: str | None
+    batch_id: int | None = None
+
+
+def sink_options(opts: Options, schema: StructType, overwrite: bool,
+                 stream: bool = False) -> SinkOptions:
+    """Check the DataFrame's columns and the options before any task runs."""
+    db = Database.from_options(opts)
+    if overwrite:
+        raise ConfigurationError("the sqlmq sink only appends messages: use mode('append')")
+    queue = queue_option(opts, required=False)
+    names = [f.name for f in schema.fields]
+    for f in schema.fields:
+        expected = _COLUMNS.get(f.name)
+        if expected is None:
+            raise ConfigurationError(
+                f"column {f.name!r} is not something the sqlmq sink publishes; it takes "
+                f"{', '.join(_COLUMNS)} (select the columns to publish)"
+            )
+        t = f.dataType
+        ok = {
+            "payload": isinstance(t, BinaryType),
+            "body": isinstance(t, StringType),
+            "queue": isinstance(t, StringType),
+            "key": isinstance(t, StringType),
+            "delay": isinstance(t, _NUMBERS),
+            "headers": isinstance(t, MapType) and isinstance(t.keyType, StringType)
+            and isinstance(t.valueType, StringType),
+        }[f.name]
+        if not ok:
+            raise ConfigurationError(
+                f"column {f.name!r} must be {expected}, got {t.simpleString()}"
+            )
+    if ("payload" in names) == ("body" in names):
+        raise ConfigurationError(
+            "the sqlmq sink needs exactly one of a 'payload' (binary) or 'body' (string) column, "
+            f"got columns {names}"
+        )
+    if queue is None and "queue" not in names:
+        opts.require("queue", "orders")
+    sink = opts.get("sink")
+    if stream and sink is None:
+        raise ConfigurationError(
+            "writeStream to sqlmq needs option('sink', name): a name that stays the same "
+            "across restarts, under which published batch ids are recorded"
+        )
+    if sink is not None:
+        check_queue(sink)
+    batch_id = None if stream else opts.integer("batchId", None, minimum=0)
+    if not stream and (sink is None) != (batch_id is None):
+        raise ConfigurationError(
+            "a batch write publishes once per batch only with both option('sink', name) and "
+            "option('batchId', id) (e.g. foreachBatch's batch id); give both or neither"
+        )
+    db.check()
+    return SinkOptions(
+        db=db, queue=queue, columns=tuple(names),
+        content_type=opts.get("contentType") or (BYTES_TYPE if "payload" in names else TEXT_TYPE),
+        max_payload_bytes=opts.integer("maxPayloadBytes", DEFAULT_MAX_PAYLOAD) or 1,
+        sink=sink, batch_id=batch_id,
+    )
+
+
+@dataclass
+class Staged(WriterCommitMessage):
+    token: str
+    attempt: int
+    rows: int
+
+
+def _attempt() -> int:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    return tc.taskAttemptId() if tc is not None else uuid.uuid4().int >> 80
+
+
+def stage(o: SinkOptions, token: str, batches: Iterator[Any]) -> Staged:
+    """Validate and stage one task's rows; raising fails the task, and so the job."""
+    attempt = _attempt()
+    total = 0
+    for batch in batches:
+        rows = _messages(o, batch)
+        _insert_staged(o.db, token, attempt, rows)
+        total += len(rows)
+    return Staged(token, attempt, total)
+
+
+def _column(batch: Any, name: str, kind: Any = None) -> list[Any] | None:
+    if name not in batch.schema.names:
+        return None
+    column = batch.column(name)
+    return (column if kind is None else column.cast(kind)).to_pylist()
+
+
+def _messages(o: SinkOptions, batch: Any) -> list[tuple]:
+    """``(queue, headers JSON, payload, delay)`` per row, checked column by column: the
+    per-row Python work is most of a write's cost, so what is the same for every row (the
+    default queue, headers without a headers or key column) is worked out once."""
+    import pyarrow as pa
+
+    n = batch.num_rows
+    queues = _column(batch, "queue")
+    if queues is None:
+        if o.queue is None:
+            raise PublishError("row 0 has no queue and option 'queue' is not set")
+        queues = [o.queue] * n
+    else:
+        if o.queue is not None:
+            queues = [o.queue if q is None else q for q in queues]
+        elif None in queues:
+            raise PublishError(f"row {queues.index(None)} has no queue and option 'queue' "
+                               "is not set")
+        for q in set(queues):
+            check_queue(q)
+    # Arrow strings are valid UTF-8: casting to binary gives their bytes, as encode() would.
+    payloads = _column(batch, "payload")
+    if payloads is None:
+        payloads = _column(batch, "body", pa.binary())
+    assert payloads is not None
+    if None in payloads:
+        i = payloads.index(None)
+        raise PublishError(f"row {i} for queue {queues[i]!r} has a null payload/body")
+    limit = o.max_payload_bytes
+    if n and max(map(len, payloads)) > limit:
+        i, size = next((i, len(p)) for i, p in enumerate(payloads) if len(p) > limit)
+        raise PayloadTooLarge(f"payload of {size} bytes for queue {queues[i]!r} exceeds "
+                              f"maxPayloadBytes ({limit})")
+    headers = _column(batch, "headers")
+    keys = _column(batch, "key")
+    if headers is None and keys is None:
+        texts = [json.dumps({CONTENT_TYPE: o.content_type}, ensure_ascii=False)] * n
+    else:
+        texts = [_header_text(o, i, headers[i] if headers else None, keys[i] if keys else None)
+                 for i in range(n)]
+    delays = _column(batch, "delay")
+    if delays is None:
+        seconds = [0.0] * n
+    else:
+        seconds = [0.0 if d is None else float(d) for d in delays]
+        for i, d in enumerate(seconds):
+            if math.isnan(d) or math.isinf(d) or d < 0:
+                raise PublishError(f"row {i}: delay must be finite and not negative, got {d}")
+    return list(zip(queues, texts, payloads, seconds, strict=True))
+
+
+def _header_text(o: SinkOptions, i: int, pairs: Any, key: str | None) -> str:
+    h = dict(pairs or ())
+    if any(not k or v is None for k, v in h.items()):
+        raise PublishError(f"row {i}: header names must be non-empty and values non-null")
+    h.setdefault(CONTENT_TYPE, o.content_type)
+    if key is not None:
+        h["key"] = key
+    return json.dumps(h, ensure_ascii=False)
+
+
+def _insert_staged(db: Database, token: str, attempt: int, rows: list[tuple]) -> None:
+    if not rows:
+        return
+    st = db.schema.spark_staging
+    engine = db.engine()
+    if engine.dialect.name == "postgresql":
+        # COPY is several times faster than INSERT for the bulk of a write job.
+        raw = engine.raw_connection()
+        try:
+            cur = raw.driver_connection.cursor()  # type: ignore[union-attr]
+            with cur.copy(
+                f"COPY {st.name} (token, attempt, queue, headers, payload, delay, staged_at) "
+                "FROM STDIN"
+            ) as copy:
+                for i in range(0, len(rows), 10_000):
+                    copy.write(_copy_text(token, attempt, rows[i : i + 10_000]))
+            raw.commit()
+        finally:
+            raw.close()
+        return
+    with engine.begin() as conn:
+        now = conn.execute(select(db_now_plus(literal(0.0)))).scalar_one()
+        values = [
+            {"token": token, "attempt": attempt, "queue": q, "headers": json.loads(h),
+             "payload": p, "delay": d, "staged_at": now}
+            for q, h, p, d in rows
+        ]
+        for i in range(0, len(values), 1000):
+            conn.execute(insert(st), values[i : i + 1000])
+
+
+def _copy_text(token: str, attempt: int, rows: list[tuple]) -> str:
+    """Rows in COPY's text format, built in one pass: psycopg's ``write_row`` costs several
+    times more per row. Queue names and header texts repeat, so each is escaped once."""
+    escaped: dict[str, str] = {}
+
+    def esc(value: str) -> str:
+        out = escaped.get(value)
+        if out is None:
+            out = escaped[value] = (value.replace("\\", "\\\\").replace("\t", "\\t")
+                                    .replace("\n", "\\n").replace("\r", "\\r"))
+        return out
+
+    lead = f"{esc(token)}\t{attempt}\t"
+    return "".join([f"{lead}{esc(q)}\t{esc(h)}\t\\\\x{p.hex()}\t{d!r}\tnow\n"
+                    for q, h, p, d in rows])
+
+
+def publish(db: Database, staged: list[Staged | None], tokens: set[str],
+            sink: str | None = None, batch_id: int | None = None) -> int:
+    """Move the staged rows of successful attempts to the message table and drop everything
+    the job staged, in one transaction. Returns how many messages were published."""
+    s = db.schema
+    st, m, sb = s.spark_staging, s.message, s.spark_sink_batch
+    attempts = sorted({x.attempt for x in staged if x is not None})
+    published = 0
+    with db.engine().begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # The move sorts the staged rows (payloads and all) by row_id: in memory, not in
+            # temporary files, for a job of a few hundred thousand rows.
+            conn.exec_driver_sql("SET LOCAL work_mem = '256MB'")
+        done = False
+        if sink is not None:
+            done = conn.execute(
+                select(sb.c.batch_id).where(sb.c.sink == sink, sb.c.batch_id == batch_id)
+            ).first() is not None
+            if not done:
+                conn.execute(insert(sb).values(sink=sink, batch_id=batch_id,
+                                               committed_at=db_now_plus(literal(0.0))))
+        if not done and attempts:
+            for i in range(0, len(attempts), 500):
+                src = (
+                    select(st.c.queue, st.c.headers, st.c.payload, literal("PENDING"), literal(0),
+                           literal(0), db_now_plus(literal(0.0)), db_now_plus(st.c.delay))
+                    .where(st.c.token.in_(sorted(tokens)),
+                           st.c.attempt.in_(attempts[i : i + 500]))
+                    .order_by(st.c.row_id)
+                )
+                published += conn.execute(insert(m).from_select(
+                    ["queue", "headers", "payload", "state", "attempts_count",
+                     "deliveries_count", "created_at", "next_attempt_at"], src)).rowcount
+        discard(conn, db, tokens)
+    return published
+
+
+def discard(conn: Any, db: Database, tokens: set[str]) -> None:
+    st = db.schema.spark_staging
+    if tokens:
+        conn.execute(delete(st).where(st.c.token.in_(sorted(tokens))))
+    conn.execute(delete(st).where(st.c.staged_at < db_now_plus(literal(-STAGING_TTL))))
+
+
+def _abort(db: Database, tokens: set[str]) -> None:
+    with db.engine().begin() as conn:
+        discard(conn, db, tokens)
+
+
+class BatchSink(DataSourceArrowWriter):
+    """``df.write.format("sqlmq")``: one token for the job, published in the driver commit.
+
+    With options ``sink`` and ``batchId`` (from ``foreachBatch``) a batch id is published
+    once, like the streaming sink's.
+    """
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.token = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return stage(self.options, self.token, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        o = self.options
+        publish(o.db, _staged(messages), {self.token}, sink=o.sink, batch_id=o.batch_id)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _abort(self.options.db, {self.token})
+
+
+class StreamSink(DataSourceStreamArrowWriter):
+    """``writeStream.format("sqlmq")``: each micro-batch published once per batch id.
+
+    Spark builds a new writer for every batch and another for its commit, so the token of a
+    batch's staged rows travels in the commit messages.
+    """
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.token = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return stage(self.options, self.token, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        staged = _staged(messages)
+        publish(self.options.db, staged, {x.token for x in staged if x is not None},
+                sink=self.options.sink, batch_id=batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _abort(self.options.db, {x.token for x in _staged(messages) if x is not None})
+
+
+def _staged(messages: list[WriterCommitMessage | None]) -> list[Staged | None]:
+    return [m if isinstance(m, Staged) else None for m in messages]
+
+

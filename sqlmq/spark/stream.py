@@ -1,0 +1,597 @@
+"""Consuming a queue as a Spark stream, acknowledging only what Spark has committed.
+
+Offsets are a per-consumer *lease sequence*, not message ids: ids acquired with SKIP LOCKED
+are not contiguous when other consumers share the queue. Planning batch ``n`` acquires up
+to ``maxMessagesPerBatch`` messages through the engine (a normal, fenced delivery with a
+long lease) and records them in ``spark_lease`` as sequence ``n``; the partitions carry those
+ids, and ``read()`` only reads them, so a retried task or a replay after a restart returns
+the same rows. Sequence ``n`` is archived COMPLETED (the engine's fenced settle) once Spark
+has committed it: when it calls ``latestOffset(start=n)`` or ``commit(n)``, on a background
+thread so that Spark runs the next batch meanwhile (a query that finds nothing new waits for
+it). A sequence that was leased but never reached the offset log is reused on restart.
+
+The driver keeps a heartbeat on the consumer row (one running query per consumer name) and
+extends the leases it holds, so they outlive a restart as long as the restart comes within
+``leaseSeconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from sqlalchemy import delete, func, insert, literal, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from ..errors import ConfigurationError, SqlmqError
+from ..records import Settlement
+from ..sqltime import db_now_plus
+from ..states import Outcome
+from ..subscriber import check_queue
+from .columns import MESSAGE_COLUMNS, epoch_us, record_batch
+from .options import Database, Options, queue_option
+
+log = logging.getLogger("sqlmq.spark")
+T = TypeVar("T")
+
+_ACQUIRE_CHUNK = 10_000
+
+
+class ConsumerBusy(SqlmqError):
+    """Another running query holds this consumer name."""
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    db: Database
+    queue: str
+    consumer: str
+    max_per_batch: int | None
+    lease: float
+    consumer_timeout: float
+    rows_per_partition: int
+
+
+def stream_options(opts: Options) -> StreamOptions:
+    db = Database.from_options(opts)
+    queue = queue_option(opts, required=True)
+    assert queue is not None
+    consumer = opts.require("consumer", "orders-to-parquet")
+    try:
+        check_queue(consumer)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"option 'consumer': {exc}") from None
+    if (opts.get("table") or "message").lower() not in ("message", "queue"):
+        raise ConfigurationError(
+            "a stream consumes the live queue; option 'table' = 'archive' is for batch reads"
+        )
+    timeout = opts.seconds("consumerTimeout", 30.0)
+    lease = opts.seconds("leaseSeconds", 600.0)
+    if lease < 3 * timeout:
+        raise ConfigurationError(
+            f"option 'leaseSeconds' ({lease:g}) must be at least 3 x 'consumerTimeout' "
+            f"({timeout:g}) so that leases outlive a restart"
+        )
+    db.check()
+    return StreamOptions(
+        db=db, queue=queue, consumer=consumer,
+        max_per_batch=opts.integer("maxMessagesPerBatch", 10_000),
+        lease=lease, consumer_timeout=timeout,
+        rows_per_partition=opts.integer("rowsPerPartition", 10_000) or 10_000,
+    )
+
+
+class LeasedIds(InputPartition):
+    """The messages of one partition of a leased sequence, with the delivery each was read
+    under (the stream shows those, not whatever the row says later)."""
+
+    def __init__(self, ids: list[int], deliveries: list[int], attempts: list[int]) -> None:
+        super().__init__(len(ids))
+        self.ids = ids
+        self.deliveries = deliveries
+        self.attempts = attempts
+
+
+class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver side: leases and acknowledgements. Executor side: :meth:`read` only."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        self.options = options
+        self._consumer: Consumer | None = None
+        self._budget: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_consumer": None, "_budget": None}
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(self.options)
+        return self._consumer
+
+    def initialOffset(self) -> dict:
+        return {"seq": self.consumer.acked_seq()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_per_batch
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # "Available now" = what is ready at this moment; later publishes wait for the next run.
+        self._budget = self.consumer.ready_count()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        c = self.consumer
+        # Spark calls this only once the batch ending at ``start`` is in its commit log: its
+        # messages can be archived, while Spark runs the next batch.
+        c.acknowledge_later(start["seq"])
+        n = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if self._budget is not None:
+            n = self._budget if n is None else min(n, self._budget)
+        end, fresh = c.lease_next(start["seq"], n)
+        if self._budget is not None:
+            self._budget = max(0, self._budget - fresh)
+            n = None if n is None else min(n, self._budget)
+        if end > start["seq"] and n:
+            c.lease_ahead(end, n)  # while Spark runs this batch
+        elif end == start["seq"]:
+            c.wait_acks()  # nothing new: leave nothing committed unacknowledged
+        return {"seq": end}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        rows = self.consumer.leased(start["seq"], end["seq"])
+        size = self.options.rows_per_partition
+        return [
+            LeasedIds([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk])
+            for chunk in (rows[i : i + size] for i in range(0, len(rows), size))
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, LeasedIds)
+        yield from read_leased(self.options.db, partition)
+
+    def commit(self, end: dict) -> None:
+        # Spark calls this right after the latestOffset that already acknowledged ``end``
+        # (see there); waiting here would hold up the next batch.
+        self.consumer.acknowledge_later(end["seq"])
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def read_leased(db: Database, part: LeasedIds) -> Iterator[Any]:
+    """The leased messages, read only: payload and headers never change, and the delivery
+    columns come from the lease, so every read of a partition returns the same rows."""
+    s = db.schema
+    m, a = s.message, s.archive
+    n = len(part.ids)
+    given = {
+        "state": ["PROCESSING"] * n, "attempts": part.attempts, "deliveries": part.deliveries,
+        "next_attempt_at": [None] * n, "lease_expires_at": [None] * n,
+    }
+    engine = db.engine()
+    if engine.dialect.name == "postgresql":
+        # One statement for the whole partition, in the order of the lease: the ids travel
+        # as one array literal (parsed by the server), timestamps as epoch microseconds.
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(_READ_LEASED.format(m=m.name, a=a.name),
+                                        ("{" + ",".join(map(str, part.ids)) + "}",)).all()
+        if len(rows) < n:
+            found = {r[0] for r in rows}
+            lost = [x for x in part.ids if x not in found]
+            raise SqlmqError(f"leased messages {lost[:10]} are gone from {m.name} and {a.name}")
+        yield record_batch(_LEASED_NAMES, rows, MESSAGE_COLUMNS, given)
+        return
+    by_id: dict[int, Any] = {}
+    with db.engine().connect() as conn:
+        for i in range(0, len(part.ids), 1000):
+            chunk = part.ids[i : i + 1000]
+            for table, error in ((m, m.c.last_error), (a, a.c.error)):
+                wanted = [x for x in chunk if x not in by_id]
+                if not wanted:
+                    break
+                stmt = select(
+                    table.c.id, table.c.queue, table.c.headers, table.c.payload,
+                    table.c.created_at, table.c.first_attempt_at, table.c.last_attempt_at,
+                    error.label("error"),
+                ).where(table.c.id.in_(wanted))
+                for row in conn.execute(stmt).all():
+                    by_id[row[0]] = tuple(row)
+    lost = [x for x in part.ids if x not in by_id]
+    if lost:
+        raise SqlmqError(f"leased messages {lost[:10]} are gone from {m.name} and {a.name}")
+    yield record_batch(_LEASED_NAMES, [by_id[x] for x in part.ids], MESSAGE_COLUMNS, given)
+
+
+_LEASED_NAMES = ["id", "queue", "headers", "payload", "created_at", "first_attempt_at",
+                 "last_attempt_at", "error"]
+
+# A message is in exactly one of the two tables in the statement's snapshot (settling moves
+# it in one statement), so the UNION ALL returns each leased id once.
+_READ_LEASED = f"""
+WITH w AS (SELECT id, o FROM unnest(CAST(CAST(%s AS TEXT) AS BIGINT[])) WITH ORDINALITY
+           AS w(id, o))
+SELECT id, queue, headers, payload, created_at, first_attempt_at, last_attempt_at, error
+FROM (
+    SELECT w.o, m.id, m.queue, m.headers, m.payload, {epoch_us("m.created_at")} AS created_at,
+        {epoch_us("m.first_attempt_at")} AS first_attempt_at,
+        {epoch_us("m.last_attempt_at")} AS last_attempt_at, m.last_error AS error
+    FROM w JOIN {{m}} AS m ON m.id = w.id
+    UNION ALL
+    SELECT w.o, a.id, a.queue, a.headers, a.payload, {epoch_us("a.created_at")},
+        {epoch_us("a.first_attempt_at")}, {epoch_us("a.last_attempt_at")}, a.error
+    FROM w JOIN {{a}} AS a ON a.id = w.id
+) AS x
+ORDER BY o
+"""
+
+
+class LoopThread:
+    """An asyncio loop on a daemon thread, for the engine's async contract from sync code."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="sqlmq-spark-loop",
+                                       daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class Consumer:
+    """The driver's hold on one consumer name: ownership, leases and acknowledgements."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        from ..broker import Broker
+
+        self.o = options
+        self.db = options.db
+        self.s = options.db.schema
+        self.token = uuid.uuid4().hex
+        self._lost: str | None = None
+        self._io = LoopThread()
+        self._broker = Broker(self.db.url, table_prefix=self.db.prefix)
+        self._ahead: Future[int] | None = None
+        self._ahead_seq = 0
+        # One thread, so acknowledgements and leases ahead run one at a time, in order.
+        self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="sqlmq-spark-ahead")
+        self._acks: list[Future[None]] = []
+        self._acked_upto = -1  # the highest sequence handed to acknowledge_later
+        self.claim()
+        self._closed = threading.Event()
+        self._keeper = threading.Thread(target=self._keep, name="sqlmq-spark-keeper",
+                                        daemon=True)
+        self._keeper.start()
+        _release_on_sigterm(self)
+
+    # ---- ownership -----------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Own the consumer row, waiting for a previous owner's heartbeat to go stale (a
+        restarted query's old driver process may not have released it)."""
+        timeout = self.o.consumer_timeout
+        deadline = time.monotonic() + timeout * 4 / 3
+        while True:
+            try:
+                age = self._try_claim()
+            except IntegrityError:  # another query inserted the row first
+                age = 0.0
+            if age is None:
+                return
+            if time.monotonic() > deadline:
+                raise ConsumerBusy(
+                    f"consumer {self.o.consumer!r} (queue {self.o.queue!r}) is held by another "
+                    f"running query (heartbeat {age:.1f}s ago); stop that query or use another "
+                    "option('consumer', ...)"
+                )
+            time.sleep(min(1.0, timeout / 5))
+
+    def _try_claim(self) -> float | None:
+        c = self.s.spark_consumer
+        with self.db.engine().begin() as conn:
+            now = conn.execute(select(db_now_plus(literal(0.0)))).scalar_one()
+            row = conn.execute(
+                select(c).where(c.c.consumer == self.o.consumer).with_for_update()
+            ).first()
+            if row is None:
+                conn.execute(insert(c).values(
+                    consumer=self.o.consumer, queue=self.o.queue, owner=self.token,
+                    heartbeat_at=now, leased_seq=0, acked_seq=0,
+                ))
+                return None
+            if row.owner not in (None, self.token) and row.heartbeat_at is not None:
+                age = (now - row.heartbeat_at).total_seconds()
+                if age < self.o.consumer_timeout:
+                    return age
+            if row.queue != self.o.queue and row.leased_seq > row.acked_seq:
+                raise ConfigurationError(
+                    f"consumer {self.o.consumer!r} still holds unacknowledged messages of queue "
+                    f"{row.queue!r}; it cannot switch to {self.o.queue!r} (use another name)"
+                )
+            conn.execute(update(c).where(c.c.consumer == self.o.consumer).values(
+                owner=self.token, heartbeat_at=now, queue=self.o.queue))
+        return None
+
+    def beat(self) -> None:
+        c = self.s.spark_consumer
+        with self.db.engine().begin() as conn:
+            done = conn.execute(
+                update(c).where(c.c.consumer == self.o.consumer, c.c.owner == self.token)
+                .values(heartbeat_at=db_now_plus(literal(0.0)))
+            ).rowcount
+        if not done:
+            self._lost = (f"consumer {self.o.consumer!r} was taken over by another query "
+                          "(this driver missed its heartbeats)")
+
+    def _check(self) -> None:
+        if self._lost:
+            raise ConsumerBusy(self._lost)
+
+    def _keep(self) -> None:
+        """Heartbeat every consumerTimeout/3; extend held leases and recover expired ones
+        (of crashed consumers) every leaseSeconds/6."""
+        beat_every = self.o.consumer_timeout / 3
+        extend_every = self.o.lease / 6
+        last_extend = time.monotonic()
+        while not self._closed.wait(beat_every):
+            try:
+                self.beat()
+                if time.monotonic() - last_extend >= extend_every:
+                    last_extend = time.monotonic()
+                    self.extend()
+                    self._io.run(self._broker.engine.recover_expired(1000))
+            except Exception as exc:
+                log.warning("sqlmq stream %s: keeper failed: %s", self.o.consumer, exc)
+
+    def close(self) -> None:
+        """Give the name back so a restart does not wait for the heartbeat to go stale."""
+        if self._closed.is_set():
+            return
+        with contextlib.suppress(Exception):
+            self.wait_acks()
+        self._closed.set()
+        c = self.s.spark_consumer
+        with contextlib.suppress(Exception), self.db.engine().begin() as conn:
+            conn.execute(update(c).where(c.c.consumer == self.o.consumer,
+                                         c.c.owner == self.token).values(owner=None))
+        self._ahead_pool.shutdown(wait=False)
+        with contextlib.suppress(Exception):
+            self._io.run(self._broker.close())
+        self._io.close()
+
+    # ---- sequences -----------------------------------------------------------------------
+
+    def acked_seq(self) -> int:
+        c = self.s.spark_consumer
+        with self.db.engine().connect() as conn:
+            return conn.execute(
+                select(c.c.acked_seq).where(c.c.consumer == self.o.consumer)
+            ).scalar_one()
+
+    def ready_count(self) -> int:
+        m = self.s.message
+        with self.db.engine().connect() as conn:
+            return conn.execute(
+                select(func.count()).select_from(m).where(
+                    m.c.queue == self.o.queue,
+                    m.c.next_attempt_at <= db_now_plus(literal(0.0)),
+                )
+            ).scalar_one()
+
+    def _leases(self, conn: Any, *where: Any) -> list[tuple[int, int, int]]:
+        lt = self.s.spark_lease
+        stmt = select(lt.c.id, lt.c.deliveries, lt.c.attempts).where(
+            lt.c.consumer == self.o.consumer, *where).order_by(lt.c.id)
+        return [tuple(r) for r in conn.execute(stmt)]  # type: ignore[misc]
+
+    def leased(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        self._check()
+        lt = self.s.spark_lease
+        with self.db.engine().connect() as conn:
+            return self._leases(conn, lt.c.seq > start, lt.c.seq <= end)
+
+    def acknowledge(self, upto: int) -> None:
+        """Archive COMPLETED every message of sequences ``<= upto`` (committed by Spark)."""
+        self._check()
+        lt, c = self.s.spark_lease, self.s.spark_consumer
+        with self.db.engine().connect() as conn:
+            held = self._leases(conn, lt.c.seq <= upto)
+        landed = 0
+        step = 50_000 if self.db.engine().dialect.name == "postgresql" else 5000
+        for i in range(0, len(held), step):
+            chunk = held[i : i + step]
+            landed += len(self._io.run(self._broker.engine.settle(
+                [Settlement(x, d, Outcome.COMPLETE) for x, d, _ in chunk])))
+        if landed < len(held):
+            log.warning("sqlmq stream %s: %d of %d committed messages had lost their lease "
+                        "(delivered again elsewhere)", self.o.consumer, len(held) - landed,
+                        len(held))
+        with self.db.engine().begin() as conn:
+            conn.execute(delete(lt).where(lt.c.consumer == self.o.consumer, lt.c.seq <= upto))
+            conn.execute(update(c).where(c.c.consumer == self.o.consumer, c.c.acked_seq < upto)
+                         .values(acked_seq=upto))
+
+    def acknowledge_later(self, upto: int) -> None:
+        """:meth:`acknowledge` on the background thread, after whatever it is doing. A
+        failed acknowledgement is retried by the next one, which covers every sequence up
+        to its own."""
+        self.wait_acks(block=False)
+        if upto > self._acked_upto:
+            self._acked_upto = upto
+            self._acks.append(self._ahead_pool.submit(self.acknowledge, upto))
+
+    def wait_acks(self, block: bool = True) -> None:
+        """Wait for (or, without ``block``, collect the finished) background
+        acknowledgements; raise :class:`ConsumerBusy` if one found the name taken."""
+        pending = []
+        for f in self._acks:
+            if not block and not f.done():
+                pending.append(f)
+                continue
+            try:
+                f.result()
+            except ConsumerBusy:
+                raise
+            except Exception as exc:
+                self._acked_upto = -1  # so that even an idle query's next call retries it
+                log.warning("sqlmq stream %s: acknowledging failed (retried with the next "
+                            "call): %s", self.o.consumer, exc)
+        self._acks = pending
+
+    def lease_ahead(self, last: int, limit: int) -> None:
+        """Lease sequence ``last + 1`` in the background, so that the next ``latestOffset``
+        finds it ready. Until Spark logs it, it is an ordinary orphan lease: renewed by the
+        keeper and reused after a restart."""
+        self._ahead_seq = last + 1
+        self._ahead = self._ahead_pool.submit(self._lease_fresh, last + 1, limit)
+
+    def lease_next(self, start: int, limit: int | None) -> tuple[int, int]:
+        """The end offset of the next batch and how many messages were newly acquired."""
+        self._check()
+        nxt = start + 1
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            try:
+                got = ahead.result()
+            except Exception as exc:  # whatever it leased is an orphan, handled below
+                log.warning("sqlmq stream %s: leasing ahead failed: %s", self.o.consumer, exc)
+                got = 0
+            if self._ahead_seq == nxt and got and limit != 0:
+                return nxt, got
+        lt = self.s.spark_lease
+        with self.db.engine().connect() as conn:
+            orphan = self._leases(conn, lt.c.seq == nxt)
+        if orphan:
+            # Leased before a crash but never logged by Spark: keep what is still ours.
+            kept = self._io.run(self._broker.engine.extend(
+                [(x, d) for x, d, _ in orphan], self.o.lease))
+            if kept:
+                if len(kept) < len(orphan):
+                    with self.db.engine().begin() as conn:
+                        conn.execute(delete(lt).where(
+                            lt.c.consumer == self.o.consumer, lt.c.seq == nxt,
+                            lt.c.id.not_in(list(kept))))
+                return nxt, 0
+            with self.db.engine().begin() as conn:
+                conn.execute(delete(lt).where(lt.c.consumer == self.o.consumer, lt.c.seq == nxt))
+        if limit == 0:
+            return start, 0
+        got_n = self._lease_fresh(nxt, limit)
+        return (nxt, got_n) if got_n else (start, 0)
+
+    def _lease_fresh(self, nxt: int, limit: int | None) -> int:
+        """Acquire up to ``limit`` messages and record them as sequence ``nxt``."""
+        if self.db.engine().dialect.name == "postgresql":
+            return self._lease_fresh_pg(nxt, limit)
+        lt, c = self.s.spark_lease, self.s.spark_consumer
+        got: list[Any] = []
+        while limit is None or len(got) < limit:
+            want = _ACQUIRE_CHUNK if limit is None else min(_ACQUIRE_CHUNK, limit - len(got))
+            batch = self._io.run(self._broker.engine.acquire([self.o.queue], want, self.o.lease))
+            got += batch
+            if len(batch) < want:
+                break
+        if not got:
+            return 0
+        with self.db.engine().begin() as conn:
+            rows = [{"consumer": self.o.consumer, "seq": nxt, "id": d.id,
+                     "deliveries": d.deliveries, "attempts": d.attempts} for d in got]
+            for i in range(0, len(rows), 1000):
+                conn.execute(insert(lt), rows[i : i + 1000])
+            owned = conn.execute(
+                update(c).where(c.c.consumer == self.o.consumer, c.c.owner == self.token)
+                .values(leased_seq=func.greatest(c.c.leased_seq, nxt)
+                        if conn.dialect.name != "sqlite" else func.max(c.c.leased_seq, nxt))
+            ).rowcount
+            if not owned:
+                raise ConsumerBusy(f"consumer {self.o.consumer!r} was taken over by another "
+                                   "query while leasing")
+        return len(got)
+
+    def _lease_fresh_pg(self, nxt: int, limit: int | None) -> int:
+        """PostgreSQL: the engine's own acquire statement feeding the lease rows, in the
+        transaction that checks ownership, so the messages never travel to this process and
+        nothing is acquired without being recorded."""
+        from ..engines.postgres import acquire_text
+
+        c = self.s.spark_consumer
+        stmt = text(_LEASE_PG.format(
+            acquire=acquire_text("queue = :queue").format(**self.s.names),
+            lease=self.s.spark_lease.name))
+        got = 0
+        with self.db.engine().begin() as conn:
+            owned = conn.execute(
+                update(c).where(c.c.consumer == self.o.consumer, c.c.owner == self.token)
+                .values(leased_seq=func.greatest(c.c.leased_seq, nxt))
+            ).rowcount
+            if not owned:
+                raise ConsumerBusy(f"consumer {self.o.consumer!r} was taken over by another "
+                                   "query while leasing")
+            while limit is None or got < limit:
+                want = _ACQUIRE_CHUNK if limit is None else limit - got
+                n = conn.execute(stmt, {"queue": self.o.queue, "limit": want,
+                                        "lease": float(self.o.lease),
+                                        "consumer": self.o.consumer, "seq": nxt}).scalar_one()
+                got += n
+                if n < want:
+                    break
+        return got
+
+    def extend(self) -> None:
+        lt = self.s.spark_lease
+        with self.db.engine().connect() as conn:
+            held = self._leases(conn, lt.c.seq > 0)
+        for i in range(0, len(held), 5000):
+            self._io.run(self._broker.engine.extend(
+                [(x, d) for x, d, _ in held[i : i + 5000]], self.o.lease))
+
+
+_LEASE_PG = """
+WITH acquired AS ({acquire}),
+leased AS (
+    INSERT INTO {lease} (consumer, seq, id, deliveries, attempts)
+    SELECT :consumer, :seq, id, deliveries_count, attempts_count FROM acquired
+    RETURNING 1
+)
+SELECT count(*) FROM leased
+"""
+
+
+def _release_on_sigterm(consumer: Consumer) -> None:
+    """Spark ends the driver-side Python process of a stopped query with SIGTERM; release
+    the consumer name then, instead of making the restart wait for a stale heartbeat."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        consumer.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,140 @@
+"""Shared fixtures: every behaviour test runs on PostgreSQL, MariaDB and SQLite.
+
+Each test gets its own table prefix, so tests never see each other's rows and can run in
+parallel (pytest-xdist) against the same databases. Connection URLs come from the
+environment (see README), with the local defaults below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine
+
+from sqlmq import Broker, build_schema
+from sqlmq.connect import parse_url, sync_url
+
+PG_URL = os.environ.get("SQLMQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("SQLMQ_TEST_MYSQL_URL", "mariadb://root@127.0.0.1:3306/test")
+
+DATABASES = ["sqlite", "postgresql", "mariadb"]
+
+
+def url_for(kind: str, tmp_path: Any) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/sqlmq-test.db"
+    if kind == "postgresql":
+        return PG_URL
+    return MYSQL_URL
+
+
+@pytest.fixture(params=DATABASES)
+def db_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def db_url(db_kind: str, tmp_path: Any) -> str:
+    return url_for(db_kind, tmp_path)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}_"
+
+
+def drop_tables(url: str, prefix: str) -> None:
+    engine = create_engine(sync_url(parse_url(url)))
+    try:
+        build_schema(prefix).metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+async def broker(db_url: str, prefix: str) -> AsyncIterator[Broker]:
+    """A migrated broker on its own tables; closed and dropped afterwards."""
+    b = Broker(db_url, table_prefix=prefix)
+    await b.migrate()
+    try:
+        yield b
+    finally:
+        await b.close()
+        drop_tables(db_url, prefix)
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 20.0,
+    interval: float = 0.02, message: str = "condition",
+) -> None:
+    """Poll until ``predicate`` is true; fail the test with ``message`` after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(interval)
+
+
+async def drained(broker: Broker, queue: str) -> bool:
+    """True when ``queue`` has nothing left in the message table."""
+    for s in await broker.stats():
+        if s.queue == queue:
+            return s.pending + s.processing + s.retryable == 0
+    return True
+
+
+async def rows(broker: Broker, table: str = "message", **where: Any) -> list[Any]:
+    """All rows of the message or archive table (optionally filtered), as mappings."""
+    from sqlalchemy import select
+
+    t = broker.schema.message if table == "message" else broker.schema.archive
+    stmt = select(t).where(*(t.c[k] == v for k, v in where.items())).order_by(t.c.id)
+    async with broker.db.connect() as conn:
+        return [r._mapping for r in await conn.execute(stmt)]
+
+
+async def archived(broker: Broker, msg_id: int) -> Any:
+    """Wait until ``msg_id`` is in the archive and return its row."""
+    found: list[Any] = []
+
+    async def check() -> bool:
+        found[:] = await rows(broker, "archive", id=msg_id)
+        return bool(found)
+
+    await wait_until(check, message=f"message {msg_id} archived")
+    return found[0]
+
+
+class CliResult:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+def run_cli(*args: str) -> CliResult:
+    """Run ``sqlmq ARGS`` in this process (a fresh interpreter per call costs seconds on a
+    loaded machine). Call it from a thread in async tests: it runs its own event loop."""
+    import contextlib
+    import io
+
+    from sqlmq.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+    return CliResult(code, out.getvalue(), err.getvalue())

@@ -1,0 +1,383 @@
+"""Worker processes for the fault tests and benchmarks, and the checks run on what they leave.
+
+Workers are real OS processes started from a fork server that has already imported sqlmq,
+SQLAlchemy and the drivers: a replacement is up in milliseconds instead of the seconds a
+fresh interpreter needs on a loaded machine, so a driver can SIGKILL a worker every few
+hundred milliseconds and keep four running.
+
+Every handler execution is appended to the worker's own file as ``id delivery`` with one
+unbuffered ``os.write`` (no fsync: the kernel keeps the line when the process is killed, which
+is the fault under test). The files are the ground truth for duplicate executions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.engine import Engine as SyncEngine
+
+from sqlmq import Broker, Message, build_schema
+from sqlmq.connect import parse_url, sync_url
+
+PRELOAD = [
+    "sqlmq", "tests.faults.harness", "sqlalchemy.dialects.postgresql.asyncpg",
+    "sqlalchemy.dialects.mysql.asyncmy", "sqlalchemy.dialects.sqlite.aiosqlite",
+    "asyncpg", "asyncmy", "aiosqlite",
+]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker process runs. ``handler``: ``record`` (sleep, then record), ``poison``
+    (a body ``"poison"`` kills the process with ``os._exit``), ``late_reject`` (sleep, then
+    reject: with a lease shorter than the sleep, a write that must never land),
+    ``slow_first`` (only the first delivery sleeps)."""
+
+    url: str
+    prefix: str
+    queue: str
+    log_dir: str
+    handler: str = "record"
+    sleep: float = 0.0
+    recovery_interval: float = 0.5
+    recovery_spread: float = 1.0
+    subscriber: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- the worker side ----------------------------------------------------------------------
+
+
+def run_worker(spec: WorkerSpec) -> None:
+    """Process entry point: run one broker until SIGTERM, then write its counters."""
+    _die_with_parent()
+    log_dir = Path(spec.log_dir)
+    err = os.open(log_dir / f"worker-{os.getpid()}.err", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(err, 2)
+    asyncio.run(_serve(spec, log_dir))
+
+
+def _die_with_parent() -> None:
+    """A worker outlives a killed driver otherwise (its parent is the fork server, which
+    exits with the driver): have the kernel SIGKILL it when that happens."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
+    broker = Broker(spec.url, table_prefix=spec.prefix, recovery_interval=spec.recovery_interval,
+                    recovery_spread=spec.recovery_spread)
+    sink = os.open(log_dir / f"exec-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def record(msg: Message, note: str = "") -> None:
+        os.write(sink, f"{msg.id} {msg.deliveries}{note}\n".encode())
+
+    @broker.subscriber(spec.queue, **spec.subscriber)
+    async def handle(msg: Message) -> None:
+        if spec.handler == "poison" and msg.body == "poison":
+            record(msg, " died")
+            os._exit(3)
+        if spec.handler == "late_reject":
+            await asyncio.sleep(spec.sleep)
+            record(msg, " late")
+            await msg.reject("stale write")
+            return
+        if spec.handler != "slow_first" or msg.deliveries == 1:
+            await asyncio.sleep(spec.sleep)
+        record(msg)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await broker.start()
+    (log_dir / f"ready-{os.getpid()}").touch()
+    await stop.wait()
+    runtimes = broker.runtimes
+    await broker.close()
+    counters = [asdict(r.counters) for r in runtimes]
+    (log_dir / f"counters-{os.getpid()}.json").write_text(json.dumps(counters))
+
+
+# ---- the driver side ----------------------------------------------------------------------
+
+
+class WorkerPool:
+    """Starts, kills and replaces worker processes of one spec."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self._ctx = multiprocessing.get_context("forkserver")
+        # Each child re-runs the parent's main script; under pytest that imports pytest,
+        # which costs a fresh process a second of CPU unless the fork server has it already.
+        self._ctx.set_forkserver_preload(PRELOAD + (["pytest"] if "pytest" in sys.modules else []))
+        self.live: list[BaseProcess] = []
+        self.kills = 0
+        self.deaths = 0  # exits nobody asked for (crashes)
+
+    def start(self, n: int = 1) -> None:
+        for _ in range(n):
+            p = self._ctx.Process(target=run_worker, args=(self.spec,), daemon=True)
+            p.start()
+            self.live.append(p)
+
+    def kill_random(self) -> None:
+        """SIGKILL one live worker and start its replacement."""
+        victim = random.choice(self.live)
+        victim.kill()
+        victim.join()
+        self.live.remove(victim)
+        self.kills += 1
+        self.start()
+
+    def replace_dead(self) -> int:
+        dead = [p for p in self.live if not p.is_alive()]
+        for p in dead:
+            p.join()
+            self.live.remove(p)
+            self.deaths += 1
+        self.start(len(dead))
+        return len(dead)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM everyone (graceful stop), SIGKILL whoever does not exit in time."""
+        for p in self.live:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + timeout
+        for p in self.live:
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self.live.clear()
+
+
+def wait_ready(log_dir: Path, n: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(log_dir.glob("ready-*"))) < n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fewer than {n} workers became ready in {timeout}s; see "
+                                 f"{log_dir}/worker-*.err")
+        time.sleep(0.05)
+
+
+class Tables:
+    """Sync access to one prefix's tables, for setup and for checking the outcome."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.schema = build_schema(prefix)
+        self.db: SyncEngine = create_engine(sync_url(parse_url(url)))
+
+    def migrate(self) -> None:
+        async def go() -> None:
+            async with Broker(self.url, table_prefix=self.prefix) as b:
+                await b.migrate()
+
+        asyncio.run(go())
+
+    def publish(self, queue: str, bodies: Iterable[Any], chunk: int = 5000) -> list[int]:
+        broker = Broker(self.db, table_prefix=self.prefix)
+        ids: list[int] = []
+        batch: list[Any] = []
+        for body in bodies:
+            batch.append(body)
+            if len(batch) >= chunk:
+                ids += broker.publish_batch_sync(queue, batch)
+                batch = []
+        if batch:
+            ids += broker.publish_batch_sync(queue, batch)
+        return ids
+
+    def left(self) -> int:
+        with self.db.connect() as conn:
+            return conn.execute(select(func.count()).select_from(self.schema.message)).scalar_one()
+
+    def processing(self) -> int:
+        m = self.schema.message
+        with self.db.connect() as conn:
+            return conn.execute(
+                select(func.count()).select_from(m).where(m.c.state == "PROCESSING")
+            ).scalar_one()
+
+    def message_rows(self) -> list[Any]:
+        m = self.schema.message
+        with self.db.connect() as conn:
+            return list(conn.execute(select(m.c.id, m.c.state, m.c.deliveries_count)))
+
+    def archived(self) -> int:
+        with self.db.connect() as conn:
+            return conn.execute(select(func.count()).select_from(self.schema.archive)).scalar_one()
+
+    def archive_rows(self) -> list[Any]:
+        a = self.schema.archive
+        with self.db.connect() as conn:
+            return list(conn.execute(
+                select(a.c.id, a.c.state, a.c.deliveries_count, a.c.attempts_count, a.c.error,
+                       a.c.history)
+            ))
+
+    def drop(self) -> None:
+        self.schema.metadata.drop_all(self.db)
+        self.db.dispose()
+
+
+def executions(log_dir: Path) -> list[tuple[int, int, str]]:
+    """Every recorded handler execution as ``(id, delivery, note)``."""
+    out = []
+    for path in log_dir.glob("exec-*.log"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            out.append((int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else ""))
+    return out
+
+
+def counters(log_dir: Path) -> Counter[str]:
+    """The runtime counters of every worker that stopped gracefully, summed."""
+    total: Counter[str] = Counter()
+    for path in log_dir.glob("counters-*.json"):
+        for c in json.loads(path.read_text()):
+            total.update(c)
+    return total
+
+
+@dataclass
+class Outcome:
+    """What a run left behind, checked against what was published."""
+
+    published: int
+    archived: int
+    left: int
+    lost: int  # published, neither archived nor left
+    double_archived: int
+    completed: int
+    executions: int
+    duplicate_executions: int  # executions beyond the first, over all messages
+    messages_executed_twice: int
+    redelivered: int  # archived with deliveries_count > 1
+    max_deliveries: int
+    # Each must be 0:
+    duplicates_without_redelivery: int  # executed twice, yet deliveries_count == 1
+    executions_beyond_deliveries: int  # more executions than deliveries
+    delivery_executed_twice: int  # the same (id, delivery) run twice
+    completed_never_executed: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def outcome(tables: Tables, published: list[int], log_dir: Path) -> Outcome:
+    rows = tables.archive_rows()
+    by_id = {r.id: r for r in rows}
+    runs = executions(log_dir)
+    per_id = Counter(i for i, _, _ in runs)
+    per_delivery = Counter((i, d) for i, d, _ in runs)
+    pub = set(published)
+    left = tables.left()
+    return Outcome(
+        published=len(published),
+        archived=len(rows),
+        left=left,
+        lost=len(pub - set(by_id)) - left,
+        double_archived=len(rows) - len(by_id),
+        completed=sum(1 for r in rows if r.state == "COMPLETED"),
+        executions=len(runs),
+        duplicate_executions=sum(n - 1 for n in per_id.values() if n > 1),
+        messages_executed_twice=sum(1 for n in per_id.values() if n > 1),
+        redelivered=sum(1 for r in rows if r.deliveries_count > 1),
+        max_deliveries=max((r.deliveries_count for r in rows), default=0),
+        duplicates_without_redelivery=sum(
+            1 for i, n in per_id.items() if n > 1 and i in by_id and by_id[i].deliveries_count < 2
+        ),
+        executions_beyond_deliveries=sum(
+            1 for i, n in per_id.items() if i in by_id and n > by_id[i].deliveries_count
+        ),
+        delivery_executed_twice=sum(1 for n in per_delivery.values() if n > 1),
+        completed_never_executed=sum(
+            1 for r in rows if r.state == "COMPLETED" and per_id[r.id] == 0
+        ),
+    )
+
+
+def history(row: Any) -> list[dict[str, Any]]:
+    value = row.history
+    if isinstance(value, str | bytes):
+        value = json.loads(value)
+    return value or []
+
+
+# ---- the kill driver ----------------------------------------------------------------------
+
+
+@dataclass
+class KillRun:
+    kills: int
+    seconds_under_fire: float  # from the first worker start to the last kill
+    seconds_to_drain: float  # from the last kill until the queue was empty
+    archived_under_fire: int
+    outcome: Outcome
+
+
+def kill_run(
+    tables: Tables, spec: WorkerSpec, published: list[int], *, workers: int = 4,
+    min_kills: int = 50, interval: tuple[float, float] = (0.15, 0.35),
+    until_drained: bool = False, timeout: float = 600.0,
+    top_up: Callable[[], list[int]] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> KillRun:
+    """Run ``workers`` processes on the queue and SIGKILL a random one every ``interval``
+    seconds (starting a replacement at once) for ``min_kills`` kills, or until the queue is
+    empty with ``until_drained``; then let the survivors drain it and stop them gracefully.
+
+    If the queue runs low before ``min_kills``, ``top_up`` publishes more (its ids join
+    ``published``), so the kills always land on a working queue."""
+    log_dir = Path(spec.log_dir)
+    pool = WorkerPool(spec)
+    started = time.monotonic()
+    deadline = started + timeout
+    pool.start(workers)
+    try:
+        wait_ready(log_dir, 1)
+        while pool.kills < min_kills or (until_drained and tables.left() > 0):
+            if top_up and pool.kills < min_kills and tables.left() < 200:
+                published += top_up()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pool.kills} kills after {timeout}s, "
+                                     f"{tables.left()} messages left")
+            time.sleep(random.uniform(*interval))
+            pool.kill_random()
+            pool.replace_dead()
+            if progress and pool.kills % 25 == 0:
+                progress(f"{pool.kills} kills, {tables.archived()} archived, "
+                         f"{tables.left()} left")
+        fired = time.monotonic()
+        under_fire = tables.archived()
+        while tables.left() > 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"queue not drained after {timeout}s "
+                                     f"({tables.left()} left, {pool.kills} kills)")
+            pool.replace_dead()
+            time.sleep(0.1)
+        drained = time.monotonic()
+    finally:
+        pool.stop()
+    return KillRun(pool.kills, fired - started, drained - fired, under_fire,
+                   outcome(tables, published, log_dir))

@@ -1,0 +1,139 @@
+"""Worker processes for the process-level tests, and the test-side helpers that drive them.
+
+A worker is a real OS process running ``asyncio.run(broker.run())``, the same path
+``sqlmq worker`` takes. It is configured through environment variables (so that
+``sqlmq worker tests.procs:broker`` and ``python -m tests.procs`` build the same broker) and
+appends the id of every message its handler finished to its own file, one line each,
+written at once. The files outlive the process, so a test can tell exactly which process
+handled what, even after a SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+from sqlmq import Broker, Message
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ENV_URL = "SQLMQ_PROCS_URL"
+ENV_PREFIX = "SQLMQ_PROCS_PREFIX"
+ENV_QUEUE = "SQLMQ_PROCS_QUEUE"
+ENV_OUT = "SQLMQ_PROCS_OUT"
+ENV_SLEEP = "SQLMQ_PROCS_SLEEP"  # seconds each handler call takes
+ENV_LEASE = "SQLMQ_PROCS_LEASE"  # the subscriber's lease, seconds
+
+
+def build_broker(
+    url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0
+) -> Broker:
+    """A broker with one subscriber that records every id it handled in ``out``."""
+    broker = Broker(url, table_prefix=prefix, recovery_interval=0.5)
+    sink: IO[str] = open(out, "a", buffering=1)
+
+    # A short idle poll so that an idle process notices new work quickly: other processes'
+    # publishes do not wake it.
+    @broker.subscriber(queue, max_fetch_interval=0.2, graceful_timeout=30.0, lease=lease)
+    async def record(msg: Message) -> None:
+        if sleep:
+            await asyncio.sleep(sleep)
+        sink.write(f"{msg.id}\n")
+
+    return broker
+
+
+def _broker_from_env() -> Broker | None:
+    if ENV_URL not in os.environ:
+        return None
+    return build_broker(
+        os.environ[ENV_URL], os.environ[ENV_PREFIX], os.environ[ENV_QUEUE],
+        Path(os.environ[ENV_OUT]), float(os.environ.get(ENV_SLEEP, "0")),
+        float(os.environ.get(ENV_LEASE, "30")),
+    )
+
+
+#: What ``sqlmq worker tests.procs:broker`` runs (None outside a worker process).
+broker = _broker_from_env()
+
+
+def ready_marker(out: Path) -> Path:
+    return out.with_name(out.name + ".ready")
+
+
+async def _main() -> None:
+    assert broker is not None, f"set {ENV_URL} and friends to run a worker"
+    out = Path(os.environ[ENV_OUT])
+
+    async def mark_ready() -> None:
+        while not broker.runtimes:
+            await asyncio.sleep(0.01)
+        ready_marker(out).touch()
+
+    marker = asyncio.create_task(mark_ready())
+    try:
+        await broker.run()
+    finally:
+        marker.cancel()
+
+
+# ---- the test side ---------------------------------------------------------------------------
+
+
+def worker_env(
+    url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0
+) -> dict[str, str]:
+    return {
+        **os.environ,
+        ENV_URL: url, ENV_PREFIX: prefix, ENV_QUEUE: queue, ENV_OUT: str(out),
+        ENV_SLEEP: str(sleep), ENV_LEASE: str(lease), "PYTHONPATH": str(ROOT),
+    }
+
+
+def spawn_worker(
+    url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
+    command: list[str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a worker process; its stderr goes to ``out`` + ``.log`` for post-mortems."""
+    log = open(out.with_name(out.name + ".log"), "ab")
+    try:
+        return subprocess.Popen(
+            command or [sys.executable, "-m", "tests.procs"],
+            cwd=ROOT, env=worker_env(url, prefix, queue, out, sleep, lease),
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    finally:
+        log.close()
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+    """SIGTERM and wait; SIGKILL (and report -9) only if it does not exit in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return -signal.SIGKILL
+
+
+def handled_ids(out: Path) -> list[int]:
+    """The ids a worker recorded, in order, duplicates kept."""
+    if not out.exists():
+        return []
+    return [int(line) for line in out.read_text().split()]
+
+
+def worker_log(out: Path) -> str:
+    path = out.with_name(out.name + ".log")
+    return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())

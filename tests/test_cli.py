@@ -1,0 +1,164 @@
+"""The sqlmq command line, run as a real subprocess against each database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sqlmq import Broker
+
+from .conftest import CliResult, drop_tables, rows, run_cli
+
+SQLMQ = [sys.executable, "-m", "sqlmq.cli"]
+
+
+async def arun(*args: str) -> CliResult:
+    """``run`` from an async test: the CLI runs its own event loop, so it gets a thread."""
+    return await asyncio.to_thread(run, *args)
+
+
+def run(*args: str, check: bool = True) -> CliResult:
+    proc = run_cli(*args)
+    if check and proc.returncode != 0:
+        pytest.fail(f"sqlmq {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def cli_tables(db_url: str, prefix: str):  # type: ignore[no-untyped-def]
+    yield
+    drop_tables(db_url, prefix)
+
+
+async def test_migrate_is_idempotent_and_records_the_version(
+    db_url: str, prefix: str, cli_tables: None
+) -> None:
+    first = await arun("migrate", "--url", db_url, "--prefix", prefix)
+    second = await arun("migrate", "--url", db_url, "--prefix", prefix)
+    assert "schema at version" in first.stdout
+    version = first.stdout.split("version")[1].split()[0]
+    assert second.stdout.split("version")[1].split()[0] == version
+    broker = Broker(db_url, table_prefix=prefix)
+    try:
+        await broker.check_schema()
+    finally:
+        await broker.close()
+
+
+async def test_publish_queues_and_dlq_commands(db_url: str, prefix: str, cli_tables: None) -> None:
+    await arun("migrate", "--url", db_url, "--prefix", prefix)
+    out = await arun("publish", "--url", db_url, "--prefix", prefix, "orders", '{"id": 7}',
+                     "--header", "tenant=a")
+    msg_id = int(out.stdout.strip())
+    broker = Broker(db_url, table_prefix=prefix)
+    try:
+        (row,) = await rows(broker, "message")
+        assert row["id"] == msg_id and row["headers"]["tenant"] == "a"
+        assert json.loads(row["payload"]) == {"id": 7}
+
+        queues = json.loads(
+            (await arun("queues", "--url", db_url, "--prefix", prefix, "--json")).stdout)
+        assert [(q["queue"], q["pending"]) for q in queues] == [("orders", 1)]
+
+        # Dead-letter it by hand through the engine contract, then list/requeue/purge.
+        (d,) = await broker.engine.acquire(["orders"], 1, 30)
+        from sqlmq import Outcome, Settlement
+
+        await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.FAIL, error="boom")])
+        listed = (await arun("dlq", "list", "--url", db_url, "--prefix", prefix)).stdout
+        assert f"{msg_id}\torders" in listed and "boom" in listed
+        requeued = await arun("dlq", "requeue", "--url", db_url, "--prefix", prefix,
+                              "--queue", "orders")
+        assert "requeued 1" in requeued.stdout
+        (back,) = await rows(broker, "message")
+        assert back["id"] == msg_id and back["state"] == "PENDING"
+        assert back["deliveries_count"] == 0
+        assert await rows(broker, "archive") == []
+        (d,) = await broker.engine.acquire(["orders"], 1, 30)
+        await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.FAIL, error="again")])
+        purged = await arun("dlq", "purge", "--url", db_url, "--prefix", prefix)
+        assert "purged 1" in purged.stdout
+        assert await rows(broker, "archive") == []
+    finally:
+        await broker.close()
+
+
+def test_requeue_without_a_filter_is_refused(db_url: str, prefix: str, cli_tables: None) -> None:
+    run("migrate", "--url", db_url, "--prefix", prefix)
+    proc = run("dlq", "requeue", "--url", db_url, "--prefix", prefix, check=False)
+    assert proc.returncode == 2
+    assert "needs --queue or --id" in proc.stderr
+
+
+async def test_worker_runs_subscribers_until_sigterm(
+    db_url: str, prefix: str, cli_tables: None, tmp_path: Path
+) -> None:
+    app = tmp_path / "cliapp.py"
+    done = tmp_path / "done.txt"
+    app.write_text(textwrap.dedent(f"""
+        from sqlmq import Broker, Message
+        broker = Broker({db_url!r}, table_prefix={prefix!r})
+
+        @broker.subscriber("jobs", flush_interval=0.01)
+        async def handle(msg: Message) -> None:
+            with open({str(done)!r}, "a") as f:
+                f.write(f"{{msg.id}}\\n")
+    """))
+    broker = Broker(db_url, table_prefix=prefix)
+    try:
+        await broker.migrate()
+        ids = await broker.publish_batch("jobs", [{"n": n} for n in range(50)])
+        proc = subprocess.Popen([*SQLMQ, "worker", "cliapp:broker"], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if len(await rows(broker, "archive")) == 50:
+                break
+            await asyncio.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        archived = await rows(broker, "archive")
+        assert sorted(r["id"] for r in archived) == ids
+        assert {r["state"] for r in archived} == {"COMPLETED"}
+        assert sorted(int(x) for x in done.read_text().split()) == ids
+    finally:
+        await broker.close()
+
+
+@pytest.mark.parametrize("url", [
+    "redis://localhost/0",
+    "not a url at all",
+    "postgresql://alice:s3cr3t-pw@127.0.0.1:1/nowhere",
+])
+def test_bad_urls_fail_with_one_line_and_no_password(url: str) -> None:
+    proc = run("queues", "--url", url, check=False)
+    assert proc.returncode == 2
+    assert "s3cr3t-pw" not in proc.stderr + proc.stdout
+    assert proc.stderr.startswith("sqlmq: error:")
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_url_is_a_clear_error() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SQLMQ_URL"}
+    proc = subprocess.run([*SQLMQ, "queues"], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "no database URL" in proc.stderr
+
+
+def test_worker_refuses_something_that_is_not_a_broker(tmp_path: Path) -> None:
+    (tmp_path / "notabroker.py").write_text("broker = 42\n")
+    proc = subprocess.run([*SQLMQ, "worker", "notabroker:broker"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "is not a sqlmq Broker" in proc.stderr

@@ -1,0 +1,111 @@
+"""Wake-ups: a subscriber that has backed off to long polls still sees a new message at once.
+
+In one process the publish wakes its own subscribers (every database); across processes
+and connections PostgreSQL's NOTIFY does it. Each test first lets the subscriber idle long
+enough that its next poll is seconds away (``max_fetch_interval=30``: the wait doubles
+from 5 ms), so a message that arrives well before that poll can only have been woken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from sqlmq import Broker, Message
+from sqlmq.notify import Listener
+
+from .conftest import wait_until
+
+IDLE = 6.0  # by now the subscriber's next poll is about 10 s after its start
+SOON = 3.0  # well before that poll, on a slow machine too
+
+
+def _subscribe(broker: Broker, handled: list[int]) -> None:
+    @broker.subscriber("wake", max_fetch_interval=30.0)
+    async def handle(msg: Message) -> None:
+        handled.append(msg.id)
+
+
+async def test_publish_wakes_an_idle_subscriber_in_the_same_process(broker: Broker) -> None:
+    handled: list[int] = []
+    _subscribe(broker, handled)
+    await broker.start()
+    await asyncio.sleep(IDLE)
+
+    msg_id = await broker.publish("wake", "hello")
+
+    await wait_until(lambda: handled == [msg_id], timeout=SOON, message="the woken delivery")
+
+
+async def _start_listening(broker: Broker, handled: list[int]) -> Listener:
+    """Subscribe, start, and wait until the broker's LISTEN connection is up."""
+    _subscribe(broker, handled)
+    await broker.start()
+    listener = broker.listener
+    assert listener is not None
+    await wait_until(listener.connected.is_set, message="the LISTEN connection")
+    return listener
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_notify_wakes_a_subscriber_for_a_publish_on_another_connection(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    handled: list[int] = []
+    await _start_listening(broker, handled)
+    await asyncio.sleep(IDLE)
+
+    publisher = Broker(db_url, table_prefix=prefix)
+    try:
+        async with publisher.db.begin() as conn:  # the caller's own transaction
+            msg_id = await publisher.publish("wake", "hello", connection=conn)
+        await wait_until(lambda: handled == [msg_id], timeout=SOON,
+                         message="the delivery woken by NOTIFY")
+    finally:
+        await publisher.close()
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_notify_listener_reconnects_after_its_connection_is_terminated(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    handled: list[int] = []
+    listener = await _start_listening(broker, handled)
+    first_pid = listener.backend_pid
+    await asyncio.sleep(IDLE)
+
+    async with broker.db.connect() as conn:  # ends only our own listener's backend
+        await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first_pid})
+    await wait_until(lambda: listener.connects == 2 and listener.connected.is_set(),
+                     message="the listener to reconnect")
+    assert listener.backend_pid != first_pid
+
+    publisher = Broker(db_url, table_prefix=prefix)
+    try:
+        msg_id = await publisher.publish("wake", "after the reconnect")
+        await wait_until(lambda: handled == [msg_id], timeout=SOON,
+                         message="the delivery woken through the new connection")
+    finally:
+        await publisher.close()
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_rolled_back_publish_sends_no_wake_up(broker: Broker) -> None:
+    woken: list[str] = []
+    handled: list[int] = []
+    listener = await _start_listening(broker, handled)
+    listener.on_queue = woken.append
+
+    with pytest.raises(RuntimeError):
+        async with broker.db.begin() as conn:
+            await broker.publish("wake", "never", connection=conn)
+            raise RuntimeError("roll back")
+    await broker.publish("marker", "committed after the rollback")
+
+    # Notifications arrive in commit order: once the marker's is here, a NOTIFY of the
+    # rolled-back publish would have arrived before it.
+    await wait_until(lambda: "marker" in woken, message="the committed publish's NOTIFY")
+    assert woken == ["marker"]
+    assert handled == []
