@@ -116,36 +116,46 @@ def run_drain(args: argparse.Namespace) -> str:
 # ---- publish -------------------------------------------------------------------------------
 
 def run_publish(args: argparse.Namespace) -> str:
-    from .publish import BATCH_SIZE, publish_batches, publish_single
+    from .publish import BATCH_SIZE, LARGE_BATCH_SIZE, publish_batches, publish_single
 
     rows = []
     for db in dbs(args):
         singles = [asyncio.run(publish_single(db, args.single_count))
                    for _ in range(args.repeat)]
-        batches = [asyncio.run(publish_batches(db, args.batch_total))
-                   for _ in range(args.repeat)]
-        _log(f"{db}: single {median(singles):,.0f} msg/s, batch {median(batches):,.0f} msg/s")
-        rows.append([db, median(singles), median(batches)])
+        batches, large = [], []
+        for _ in range(args.repeat):  # interleaved, so both sizes see the same noise
+            batches.append(asyncio.run(publish_batches(db, args.batch_total)))
+            large.append(asyncio.run(publish_batches(db, args.batch_total, LARGE_BATCH_SIZE)))
+        _log(f"{db}: single {median(singles):,.0f} msg/s, batch {median(batches):,.0f} msg/s, "
+             f"large batch {median(large):,.0f} msg/s")
+        rows.append([db, median(singles), median(batches), median(large)])
     return table(f"publish (msg/s, median of {args.repeat}): single = one transaction per "
                  f"message, awaited in turn ({args.single_count:,}); batch = publish_batch of "
-                 f"{BATCH_SIZE:,} ({args.batch_total:,} in all)",
-                 ["database", "single", "batch"], rows)
+                 f"{BATCH_SIZE:,}, large batch = publish_batch of {LARGE_BATCH_SIZE:,} "
+                 f"({args.batch_total:,} in all for each)",
+                 ["database", "single", "batch", "large batch"], rows)
 
 
 # ---- latency -------------------------------------------------------------------------------
 
 def run_latency(args: argparse.Namespace) -> str:
-    from .latency import latency_pgqueuer, latency_sqlmq, latency_sqlmq_in_process
+    from .latency import (
+        latency_pgqueuer,
+        latency_sqlmq,
+        latency_sqlmq_in_process,
+        publishers_for,
+    )
 
     rows = []
     for db in dbs(args):
         for rate in _ints(args.rates):
             secs = args.seconds
+            procs = f"{1 + publishers_for(rate)} processes"
             cases: list[tuple[str, Any]] = [
-                ("sqlmq, 2 processes", partial(_sync, latency_sqlmq, db, rate, secs)),
+                (f"sqlmq, {procs}", partial(_sync, latency_sqlmq, db, rate, secs)),
             ]
             if db == "postgresql" and not args.no_peer:
-                cases.append(("PGQueuer, 2 processes", partial(latency_pgqueuer, rate, secs)))
+                cases.append((f"PGQueuer, {procs}", partial(latency_pgqueuer, rate, secs)))
             else:
                 cases.append(("sqlmq, 1 process",
                               partial(_sync, latency_sqlmq_in_process, db, rate, secs)))

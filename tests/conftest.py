@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
+from sqlalchemy.exc import OperationalError
 
 from sqlmq import Broker, build_schema
 from sqlmq.connect import parse_url, sync_url
@@ -49,9 +50,37 @@ def prefix() -> str:
 
 
 def drop_tables(url: str, prefix: str) -> None:
+    """Drop a test's tables; a session still holding locks on them (a leaked transaction)
+    fails the test within a minute, naming the sessions, instead of hanging the suite."""
     engine = create_engine(sync_url(parse_url(url)))
     try:
-        build_schema(prefix).metadata.drop_all(engine)
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET LOCAL lock_timeout = '60s'")
+            elif conn.dialect.name == "mysql":
+                conn.exec_driver_sql("SET SESSION lock_wait_timeout = 60")
+            try:
+                build_schema(prefix).metadata.drop_all(conn)
+            except OperationalError as exc:
+                raise AssertionError(
+                    f"dropping the tables of {prefix!r} waited over 60 s for locks; "
+                    f"sessions in a transaction: {_open_transactions(url)}"
+                ) from exc
+    finally:
+        engine.dispose()
+
+
+def _open_transactions(url: str) -> list[Any]:
+    engine = create_engine(sync_url(parse_url(url)))
+    try:
+        with engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                sql = ("SELECT pid, state, application_name, left(query, 200) FROM "
+                       "pg_stat_activity WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()")
+            else:
+                sql = ("SELECT trx_mysql_thread_id, trx_state, left(trx_query, 200) "
+                       "FROM information_schema.innodb_trx")
+            return [tuple(r) for r in conn.exec_driver_sql(sql)]
     finally:
         engine.dispose()
 
