@@ -87,6 +87,7 @@ class Broker:
         self._subscribers: list[Subscriber] = []
         self._runtimes: list[SubscriberRuntime] = []
         self._wakeups: dict[str, list[asyncio.Event]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the subscribers' loop
         self._maintenance: asyncio.Task[None] | None = None
         self._started = False
         #: On PostgreSQL, the LISTEN connection that wakes subscribers (while running).
@@ -225,13 +226,27 @@ class Broker:
         ]
 
     def _wake(self, queue: str) -> None:
-        for event in self._wakeups.get(queue, ()):
-            event.set()
+        events = self._wakeups.get(queue)
+        if events:
+            self._set(events)
 
     def _wake_all(self) -> None:
-        for events in self._wakeups.values():
+        self._set([e for events in self._wakeups.values() for e in events])
+
+    def _set(self, events: list[asyncio.Event]) -> None:
+        # publish_sync() may run on another thread than the subscribers' loop; an Event set
+        # there would not wake that loop until its next timer.
+        loop = self._loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is None or here is loop:
             for event in events:
                 event.set()
+        elif not loop.is_closed():
+            for event in events:
+                loop.call_soon_threadsafe(event.set)
 
     # ---- subscribers ---------------------------------------------------------------------
 
@@ -300,6 +315,7 @@ class Broker:
             self._maintenance = asyncio.create_task(self._recovery_loop(), name="sqlmq-recovery")
 
     def _start_one(self, sub: Subscriber) -> None:
+        self._loop = asyncio.get_running_loop()
         wakeup = asyncio.Event()
         for q in sub.queues:
             self._wakeups.setdefault(q, []).append(wakeup)

@@ -39,6 +39,17 @@ async def test_publish_wakes_an_idle_subscriber_in_the_same_process(broker: Brok
     await wait_until(lambda: handled == [msg_id], timeout=SOON, message="the woken delivery")
 
 
+async def test_publish_sync_on_another_thread_wakes_an_idle_subscriber(broker: Broker) -> None:
+    handled: list[int] = []
+    _subscribe(broker, handled)
+    await broker.start()
+    await asyncio.sleep(IDLE)
+
+    msg_id = await asyncio.to_thread(broker.publish_sync, "wake", "hello")
+
+    await wait_until(lambda: handled == [msg_id], timeout=SOON, message="the woken delivery")
+
+
 async def _start_listening(broker: Broker, handled: list[int]) -> Listener:
     """Subscribe, start, and wait until the broker's LISTEN connection is up."""
     _subscribe(broker, handled)
