@@ -1,5 +1,7 @@
 """Publish: single publishes (one transaction each, awaited one after another) and batch
-publishes (``publish_batch``, one statement per batch), in messages per second."""
+publishes (``publish_batch``, one transaction per batch), in messages per second. Batches are
+timed at two sizes: 5,000 per call and 50,000 per call (on PostgreSQL both go by binary COPY,
+where the larger one spreads the fixed cost of a call over more rows)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from .common import PAYLOAD, QUEUE, drop_tables, fresh_broker, url_for
 
 SINGLE_COUNT = 3000
 BATCH_SIZE = 5000
+LARGE_BATCH_SIZE = 50_000
 
 
 async def publish_single(db: str, count: int = SINGLE_COUNT) -> float:
@@ -28,7 +31,7 @@ async def publish_batches(db: str, total: int, batch: int = BATCH_SIZE) -> float
     broker = await fresh_broker(db)
     try:
         bodies = [PAYLOAD] * batch
-        await broker.publish_batch(QUEUE, bodies[:10])
+        await broker.publish_batch(QUEUE, bodies[:1000])  # connect and prepare (COPY too)
         start = time.perf_counter()
         sent = 0
         while sent < total:
