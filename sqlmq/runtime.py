@@ -51,6 +51,7 @@ class RuntimeCounters:
     released: int = 0
     stale: int = 0  # settlements dropped because the delivery was no longer ours
     lost_leases: int = 0
+    unwritable: int = 0  # results the database refused although it answered (see _give_up)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -368,29 +369,87 @@ class SubscriberRuntime:
             try:
                 applied = await self.engine.settle(batch)
             except Exception as exc:
+                if (self._flush_backoff.failures + 1 >= ISOLATE_AFTER
+                        and await self._database_answers()):
+                    # The database is up, yet this batch keeps failing: one result in it
+                    # cannot be written. Find it rather than stop the worker for good.
+                    if await self._settle_apart(batch):
+                        self._flush_backoff.succeeded()
+                        continue
                 await self._flush_backoff.failed(exc)
                 return
             self._flush_backoff.succeeded()
-            flushed = {id(s) for s in batch}
-            self._results[:] = [s for s in self._results if id(s) not in flushed]
-            c = self.counters
-            for s in batch:
-                self._held.pop((s.id, s.deliveries), None)
-                self._lost.discard((s.id, s.deliveries))
-                if s.id not in applied:
-                    c.stale += 1
-                    log.warning("dropped a stale result for message %d (delivery %d): its lease "
-                                "expired and it was delivered again", s.id, s.deliveries)
-                elif s.outcome is Outcome.COMPLETE:
-                    c.completed += 1
-                elif s.outcome is Outcome.FAIL:
-                    c.failed += 1
-                elif s.outcome is Outcome.RETRY:
-                    c.retried += 1
+            self._applied(batch, applied)
+
+    def _applied(self, batch: list[Settlement], applied: set[int]) -> None:
+        flushed = {id(s) for s in batch}
+        self._results[:] = [s for s in self._results if id(s) not in flushed]
+        c = self.counters
+        for s in batch:
+            self._held.pop((s.id, s.deliveries), None)
+            self._lost.discard((s.id, s.deliveries))
+            if s.id not in applied:
+                c.stale += 1
+                log.warning("dropped a stale result for message %d (delivery %d): its lease "
+                            "expired and it was delivered again", s.id, s.deliveries)
+            elif s.outcome is Outcome.COMPLETE:
+                c.completed += 1
+            elif s.outcome is Outcome.FAIL:
+                c.failed += 1
+            elif s.outcome is Outcome.RETRY:
+                c.retried += 1
+            else:
+                c.released += 1
+        self._flushed.set()
+        self._space.set()
+
+    async def _database_answers(self) -> bool:
+        try:
+            await self.engine.now()
+        except Exception:
+            return False
+        return True
+
+    async def _settle_apart(self, batch: list[Settlement]) -> bool:
+        """Settle ``batch`` in halves, down to single results; a single result that the
+        database refuses while it answers otherwise is given up (see :meth:`_give_up`).
+        False if the database stopped answering meanwhile: the rest waits for the backoff."""
+        if len(batch) == 1:
+            for attempt in range(2):  # a lock timeout or deadlock deserves a second try
+                try:
+                    applied = await self.engine.settle(batch)
+                except Exception as exc:
+                    if not await self._database_answers():
+                        return False
+                    if attempt:
+                        self._give_up(batch[0], exc)
+                        return True
                 else:
-                    c.released += 1
-            self._flushed.set()
-            self._space.set()
+                    self._applied(batch, applied)
+                    return True
+        mid = len(batch) // 2
+        for half in (batch[:mid], batch[mid:]):
+            try:
+                applied = await self.engine.settle(half)
+            except Exception:
+                if not await self._settle_apart(half):
+                    return False
+            else:
+                self._applied(half, applied)
+        return True
+
+    def _give_up(self, s: Settlement, exc: BaseException) -> None:
+        """Drop a result the database will not take. The message itself stays in the queue,
+        PROCESSING under a lease we stop renewing, so it is delivered again once the lease
+        expires: nothing is lost, and the worker goes on with everything else."""
+        self._results[:] = [r for r in self._results if r is not s]
+        self._held.pop((s.id, s.deliveries), None)
+        self.counters.unwritable += 1
+        log.error("the result of message %d (delivery %d, %s) cannot be written: %s; it will be "
+                  "delivered again when its lease expires", s.id, s.deliveries,
+                  s.outcome.name.lower(), describe(exc))
+        self._flushed.set()
+        self._space.set()
 
     # ---- leases --------------------------------------------------------------------------
 
@@ -428,6 +487,10 @@ class SubscriberRuntime:
             raise
         return d.id in kept
 
+
+#: Consecutive failed flushes, with the database answering, after which the batch is split
+#: to find a result it refuses.
+ISOLATE_AFTER = 3
 
 #: Consecutive lease expiries after which a message runs in quarantine.
 QUARANTINE_AFTER = 2
