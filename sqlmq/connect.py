@@ -162,6 +162,15 @@ def prepare_sqlite(engine: SyncEngine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     if engine.dialect.is_async:
+        @event.listens_for(engine, "commit")
+        @event.listens_for(engine, "rollback")
+        def _end(conn: Any) -> None:
+            # These fire just before the driver's COMMIT/ROLLBACK; the next writer is let in
+            # once this task yields, i.e. while that statement runs on the driver's thread.
+            held = conn.connection.info.pop(_TURN, None)
+            if held is not None:
+                held[0].call_soon(held[1].release)
+
         for name in ("checkin", "close", "invalidate"):
             event.listen(engine, name, _give_back_write_turn)
 
@@ -171,7 +180,7 @@ def prepare_sqlite(engine: SyncEngine) -> None:
 # Within a process, waiting on SQLite's busy handler is slow: it sleeps 1, 2, 5, 10 ... ms
 # between tries, whereas the writer it waits for usually finishes in well under one. So
 # the engine's own writers (publish, acquire, settle in one broker) queue on an asyncio lock
-# and start the moment the previous one checks its connection in. The busy timeout still
+# and start the moment the previous one ends its transaction. The busy timeout still
 # governs other processes and other engines on the same file.
 _TURN = "sqlmq_write_turn"
 _TURN_TIMEOUT = 60.0

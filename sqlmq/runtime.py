@@ -411,31 +411,34 @@ class SubscriberRuntime:
         return True
 
     async def _settle_apart(self, batch: list[Settlement]) -> bool:
-        """Settle ``batch`` in halves, down to single results; a single result that the
-        database refuses while it answers otherwise is given up (see :meth:`_give_up`).
-        False if the database stopped answering meanwhile: the rest waits for the backoff."""
-        if len(batch) == 1:
-            for attempt in range(2):  # a lock timeout or deadlock deserves a second try
+        """Find the one result the database refuses: settle the halves and follow the half
+        that fails. When both halves fail, the database is refusing everything (a missing
+        table, a permission) rather than one result: nothing is given up then, and the flush
+        backs off as usual. True when some results were written (or one given up)."""
+        progress = False
+        while len(batch) > 1:
+            mid = len(batch) // 2
+            failed = []
+            for half in (batch[:mid], batch[mid:]):
                 try:
-                    applied = await self.engine.settle(batch)
-                except Exception as exc:
-                    if not await self._database_answers():
-                        return False
-                    if attempt:
-                        self._give_up(batch[0], exc)
-                        return True
+                    applied = await self.engine.settle(half)
+                except Exception:
+                    failed.append(half)
                 else:
-                    self._applied(batch, applied)
-                    return True
-        mid = len(batch) // 2
-        for half in (batch[:mid], batch[mid:]):
-            try:
-                applied = await self.engine.settle(half)
-            except Exception:
-                if not await self._settle_apart(half):
-                    return False
-            else:
-                self._applied(half, applied)
+                    self._applied(half, applied)
+                    progress = True
+            if len(failed) != 1:
+                return progress
+            batch = failed[0]
+        if not progress:  # a lone result: nothing shows it is the one at fault
+            return False
+        try:  # it failed beside one that did not; a lock timeout deserves a second try
+            applied = await self.engine.settle(batch)
+        except Exception as exc:
+            if await self._database_answers():
+                self._give_up(batch[0], exc)
+        else:
+            self._applied(batch, applied)
         return True
 
     def _give_up(self, s: Settlement, exc: BaseException) -> None:

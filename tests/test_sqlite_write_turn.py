@@ -1,0 +1,43 @@
+"""SQLite, one process: the engine's writers take turns on an asyncio lock instead of
+sleeping in SQLite's busy handler (``sqlmq/connect.py``). A turn ends with its transaction,
+not with its connection, so a connection kept open between transactions holds nobody up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sqlmq import Broker, Message
+
+from .conftest import wait_until
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_a_connection_kept_open_after_its_commit_does_not_hold_back_the_worker(
+    broker: Broker,
+) -> None:
+    handled: list[str] = []
+
+    @broker.subscriber("jobs", max_fetch_interval=0.05)
+    async def handle(msg: Message) -> None:
+        handled.append(msg.body)
+
+    await broker.start()
+    try:
+        async with broker.db.connect() as conn:
+            await broker.publish("jobs", "in the outbox", connection=conn)
+            await conn.commit()
+            # The connection stays checked out; the worker must still acquire and settle.
+            await broker.publish("jobs", "on its own")
+            await wait_until(lambda: len(handled) == 2, timeout=10, message="both handled")
+    finally:
+        await broker.stop()
+    assert sorted(handled) == ["in the outbox", "on its own"]
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_concurrent_writers_of_one_broker_all_get_their_turn(broker: Broker) -> None:
+    ids = await asyncio.gather(*(broker.publish("jobs", f"m{i}") for i in range(200)))
+    assert sorted(ids) == sorted(set(ids))
+    assert len(ids) == 200
