@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from .backoff import Backoff
+from .commit_hooks import on_commit
 from .connect import create_async, create_sync, parse_url, safe_url, sync_url
 from .engines import engine_for
 from .engines.base import Engine
@@ -177,7 +178,7 @@ class Broker:
                        else connection.dialect)
             for plan in self._plans(dialect, messages):
                 ids += plan.ids(await connection.execute(plan.statement, plan.params))
-        self._wake(queue)
+        self._wake_when_visible(queue, connection)
         return ids
 
     def publish_sync(
@@ -214,7 +215,7 @@ class Broker:
             bind = connection.get_bind() if isinstance(connection, Session) else connection
             for plan in self._plans(bind.dialect, messages):
                 ids += plan.ids(connection.execute(plan.statement, plan.params))
-        self._wake(queue)
+        self._wake_when_visible(queue, connection)
         return ids
 
     def _plans(self, dialect: Any, messages: list[Any]) -> list[Any]:
@@ -224,6 +225,16 @@ class Broker:
             plan_insert(self.schema, dialect, messages[i : i + _CHUNK])
             for i in range(0, len(messages), _CHUNK)
         ]
+
+    def _wake_when_visible(self, queue: str, connection: Any) -> None:
+        """Wake this process's subscribers of ``queue`` now, or, for a publish in the
+        caller's transaction, when that commits."""
+        if queue not in self._wakeups:
+            return
+        if connection is None:
+            self._wake(queue)
+        else:
+            on_commit(connection, (id(self), queue), lambda: self._wake(queue))
 
     def _wake(self, queue: str) -> None:
         events = self._wakeups.get(queue)

@@ -206,7 +206,11 @@ class SubscriberRuntime:
                     pass
             else:
                 await asyncio.sleep(0)
-            self.wakeup.clear()
+            if self.wakeup.is_set():
+                # Work is on its way; it may not be visible yet (a wake-up from a caller's
+                # commit can arrive just before the commit does): poll fast again.
+                idle = 0.0
+                self.wakeup.clear()
 
     # ---- workers -------------------------------------------------------------------------
 

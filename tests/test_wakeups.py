@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqlmq import Broker, Message
 from sqlmq.notify import Listener
@@ -48,6 +49,40 @@ async def test_publish_sync_on_another_thread_wakes_an_idle_subscriber(broker: B
     msg_id = await asyncio.to_thread(broker.publish_sync, "wake", "hello")
 
     await wait_until(lambda: handled == [msg_id], timeout=SOON, message="the woken delivery")
+
+
+@pytest.mark.parametrize("use_session", [False, True], ids=["connection", "session"])
+async def test_outbox_publish_wakes_an_idle_subscriber_in_the_same_process_at_commit(
+    broker: Broker, use_session: bool
+) -> None:
+    handled: list[int] = []
+    _subscribe(broker, handled)
+    await broker.start()
+    await asyncio.sleep(IDLE)
+
+    if use_session:
+        async with AsyncSession(broker.db) as session, session.begin():
+            msg_id = await broker.publish("wake", "hello", connection=session)
+            await asyncio.sleep(0.3)  # a wake-up now would find nothing yet
+    else:
+        async with broker.db.begin() as conn:
+            msg_id = await broker.publish("wake", "hello", connection=conn)
+            await asyncio.sleep(0.3)
+
+    await wait_until(lambda: handled == [msg_id], timeout=SOON, message="the woken delivery")
+
+
+async def test_rolled_back_outbox_publish_delivers_nothing_and_its_connection_goes_on(broker: Broker) -> None:
+    handled: list[int] = []
+    _subscribe(broker, handled)
+    await broker.start()
+    async with broker.db.connect() as conn:
+        await broker.publish("wake", "never", connection=conn)
+        await conn.rollback()
+        await conn.execute(text("SELECT 1"))
+        await conn.commit()  # a later commit on the same connection must not wake for it
+    msg_id = await broker.publish("wake", "real")
+    await wait_until(lambda: handled == [msg_id], timeout=SOON, message="the real delivery")
 
 
 async def _start_listening(broker: Broker, handled: list[int]) -> Listener:
