@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import datetime
 
 from sqlalchemy import create_engine
 
@@ -35,6 +36,8 @@ def main() -> int:
         "SQLMQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     p.add_argument("--messages", type=int, default=200_000)
     p.add_argument("--batch", type=int, default=50_000, help="maxMessagesPerBatch")
+    p.add_argument("--rows-per-partition", type=int, default=None,
+                   help="rowsPerPartition of the stream (default: the source's)")
     p.add_argument("--master", default="local[2]")
     args = p.parse_args()
     prefix = f"b{uuid.uuid4().hex[:8]}_"
@@ -93,10 +96,13 @@ def run(args: argparse.Namespace, broker: Broker, opts: dict[str, str]) -> None:
     print(f"sink publish rate:      {n / publish:10,.0f} msg/s  ({publish:.2f} s for {n})",
           flush=True)
 
+    stream_opts = {"queue": "bench", "consumer": "bench", "maxMessagesPerBatch": args.batch}
+    if args.rows_per_partition:
+        stream_opts["rowsPerPartition"] = args.rows_per_partition
     with tempfile.TemporaryDirectory() as ck:
         t = time.perf_counter()
-        q = (spark.readStream.format("sqlmq").options(**opts)
-             .options(queue="bench", consumer="bench", maxMessagesPerBatch=args.batch).load()
+        started = time.time()
+        q = (spark.readStream.format("sqlmq").options(**opts).options(**stream_opts).load()
              .writeStream.format("noop").option("checkpointLocation", ck)
              .trigger(availableNow=True).start())
         q.awaitTermination()
@@ -104,9 +110,21 @@ def run(args: argparse.Namespace, broker: Broker, opts: dict[str, str]) -> None:
         batches = [x for x in q.recentProgress if x["numInputRows"]]
     remaining = sum(s.pending + s.processing for s in wait(broker.stats())  # type: ignore
                     if s.queue == "bench")
-    print(f"stream consumption:     {n / consume:10,.0f} msg/s  ({consume:.2f} s, "
-          f"{len(batches)} batches of <= {args.batch}, acked; {remaining} left in queue)",
-          flush=True)
+    print(f"\nstream consumption:     {n / consume:10,.0f} msg/s  ({consume:.2f} s from "
+          f"start() to the end, {len(batches)} batches of <= {args.batch}, acked; "
+          f"{remaining} left in queue)", flush=True)
+    # Without the query's start and its first batch (Python workers and the source's
+    # process starting, connections opening): the rate a running stream keeps up.
+    if batches:
+        first = datetime.fromisoformat(batches[0]["timestamp"].replace("Z", "+00:00"))
+        print(f"stream, query start:    {first.timestamp() - started:8.2f} s (start() to the "
+              "first micro-batch)", flush=True)
+    later = batches[1:]
+    if later:
+        busy = sum(x["durationMs"]["triggerExecution"] for x in later) / 1000
+        rows = sum(x["numInputRows"] for x in later)
+        print(f"stream, running:        {rows / busy:10,.0f} msg/s  ({rows} rows of batches "
+              f"1-{len(batches) - 1} in {busy:.2f} s of trigger execution)", flush=True)
     for x in batches:
         d = x["durationMs"]
         print(f"  batch {x['batchId']}: {x['numInputRows']} rows, "

@@ -72,7 +72,9 @@ async def test_outbox_publish_wakes_an_idle_subscriber_in_the_same_process_at_co
     await wait_until(lambda: handled == [msg_id], timeout=SOON, message="the woken delivery")
 
 
-async def test_rolled_back_outbox_publish_delivers_nothing_and_its_connection_goes_on(broker: Broker) -> None:
+async def test_rolled_back_outbox_publish_delivers_nothing_and_connection_goes_on(
+    broker: Broker,
+) -> None:
     handled: list[int] = []
     _subscribe(broker, handled)
     await broker.start()

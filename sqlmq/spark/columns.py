@@ -79,6 +79,23 @@ def _headers(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
+def _header_column(values: list[Any]) -> list[dict[str, str]]:
+    """:func:`_headers` for a column. Headers given as JSON text are parsed once per
+    distinct text: most messages of a queue carry the same few (a content type), and
+    parsing is most of the Python work of a read. The dicts are shared, never changed."""
+    parsed: dict[Any, dict[str, str]] = {}
+    out: list[dict[str, str]] = []
+    for v in values:
+        if type(v) is str:
+            h = parsed.get(v)
+            if h is None:
+                h = parsed[v] = _headers(v)
+            out.append(h)
+        else:
+            out.append(_headers(v))
+    return out
+
+
 def _is_text(content_type: str | None) -> bool:
     kind = (content_type or "").split(";", 1)[0].strip().lower()
     return kind == JSON_TYPE or kind.endswith("+json") or kind.startswith("text/")
@@ -150,7 +167,7 @@ def record_batch(
 
     selected = dict(zip(names, (list(c) for c in zip(*rows, strict=True)), strict=True)) \
         if rows else {n: [] for n in names}
-    headers = [_headers(h) for h in selected["headers"]]
+    headers = _header_column(selected["headers"])
     payloads = [p if type(p) is bytes else bytes(p) for p in selected["payload"]]
     schema = arrow_schema(columns)
     arrays: list[Any] = []

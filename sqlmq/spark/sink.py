@@ -299,9 +299,11 @@ def publish(db: Database, staged: list[Staged | None], tokens: set[str],
                            st.c.attempt.in_(attempts[i : i + 500]))
                     .order_by(st.c.row_id)
                 )
+                # SQLAlchemy keeps an INSERT's row count only when asked (psycopg's is -1).
                 published += conn.execute(insert(m).from_select(
                     ["queue", "headers", "payload", "state", "attempts_count",
-                     "deliveries_count", "created_at", "next_attempt_at"], src)).rowcount
+                     "deliveries_count", "created_at", "next_attempt_at"], src),
+                    execution_options={"preserve_rowcount": True}).rowcount
         discard(conn, db, tokens)
     return published
 

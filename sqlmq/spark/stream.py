@@ -52,6 +52,10 @@ log = logging.getLogger("sqlmq.spark")
 T = TypeVar("T")
 
 _ACQUIRE_CHUNK = 10_000
+#: Default most rows per partition of a micro-batch. Each Spark task has a fixed cost far
+#: above reading a few thousand rows: at local[2], 50,000-row batches ran about twice as
+#: fast in two partitions as in five.
+ROWS_PER_PARTITION = 25_000
 
 
 class ConsumerBusy(SqlmqError):
@@ -94,7 +98,8 @@ def stream_options(opts: Options) -> StreamOptions:
         db=db, queue=queue, consumer=consumer,
         max_per_batch=opts.integer("maxMessagesPerBatch", 10_000),
         lease=lease, consumer_timeout=timeout,
-        rows_per_partition=opts.integer("rowsPerPartition", 10_000) or 10_000,
+        rows_per_partition=opts.integer("rowsPerPartition", ROWS_PER_PARTITION)
+        or ROWS_PER_PARTITION,
     )
 
 
@@ -139,9 +144,6 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         c = self.consumer
-        # Spark calls this only once the batch ending at ``start`` is in its commit log: its
-        # messages can be archived, while Spark runs the next batch.
-        c.acknowledge_later(start["seq"])
         n = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if self._budget is not None:
             n = self._budget if n is None else min(n, self._budget)
@@ -151,13 +153,20 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             n = None if n is None else min(n, self._budget)
         if end > start["seq"] and n:
             c.lease_ahead(end, n)  # while Spark runs this batch
-        elif end == start["seq"]:
+        # Spark calls this only once the batch ending at ``start`` is in its commit log: its
+        # messages can be archived, while Spark runs the next batch. Queued after the lease
+        # ahead, which the next call waits for; this one it does not.
+        c.acknowledge_later(start["seq"])
+        if end == start["seq"]:
             c.wait_acks()  # nothing new: leave nothing committed unacknowledged
         return {"seq": end}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         rows = self.consumer.leased(start["seq"], end["seq"])
-        size = self.options.rows_per_partition
+        # As few partitions as rowsPerPartition allows, of equal size (50,001 rows at 25,000
+        # are three partitions of 16,667, not two full ones and a straggler of one row).
+        parts = max(1, -(-len(rows) // self.options.rows_per_partition))
+        size = max(1, -(-len(rows) // parts))
         return [
             LeasedIds([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk])
             for chunk in (rows[i : i + size] for i in range(0, len(rows), size))
@@ -226,18 +235,20 @@ _LEASED_NAMES = ["id", "queue", "headers", "payload", "created_at", "first_attem
                  "last_attempt_at", "error"]
 
 # A message is in exactly one of the two tables in the statement's snapshot (settling moves
-# it in one statement), so the UNION ALL returns each leased id once.
+# it in one statement), so the UNION ALL returns each leased id once. Headers come as JSON
+# text, parsed once per distinct text (see record_batch).
 _READ_LEASED = f"""
 WITH w AS (SELECT id, o FROM unnest(CAST(CAST(%s AS TEXT) AS BIGINT[])) WITH ORDINALITY
            AS w(id, o))
 SELECT id, queue, headers, payload, created_at, first_attempt_at, last_attempt_at, error
 FROM (
-    SELECT w.o, m.id, m.queue, m.headers, m.payload, {epoch_us("m.created_at")} AS created_at,
+    SELECT w.o, m.id, m.queue, CAST(m.headers AS TEXT) AS headers, m.payload,
+        {epoch_us("m.created_at")} AS created_at,
         {epoch_us("m.first_attempt_at")} AS first_attempt_at,
         {epoch_us("m.last_attempt_at")} AS last_attempt_at, m.last_error AS error
     FROM w JOIN {{m}} AS m ON m.id = w.id
     UNION ALL
-    SELECT w.o, a.id, a.queue, a.headers, a.payload, {epoch_us("a.created_at")},
+    SELECT w.o, a.id, a.queue, CAST(a.headers AS TEXT), a.payload, {epoch_us("a.created_at")},
         {epoch_us("a.first_attempt_at")}, {epoch_us("a.last_attempt_at")}, a.error
     FROM w JOIN {{a}} AS a ON a.id = w.id
 ) AS x
@@ -280,8 +291,12 @@ class Consumer:
         self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="sqlmq-spark-ahead")
         self._acks: list[Future[None]] = []
         self._acked_upto = -1  # the highest sequence handed to acknowledge_later
+        # (id, deliveries, attempts) of sequences just leased, by sequence, sorted like
+        # _leases: partitions() takes them instead of reading spark_lease back.
+        self._fresh: dict[int, list[tuple[int, int, int]]] = {}
         self.claim()
         self._closed = threading.Event()
+        self._close_lock = threading.Lock()
         self._keeper = threading.Thread(target=self._keep, name="sqlmq-spark-keeper",
                                         daemon=True)
         self._keeper.start()
@@ -367,12 +382,20 @@ class Consumer:
                 log.warning("sqlmq stream %s: keeper failed: %s", self.o.consumer, exc)
 
     def close(self) -> None:
-        """Give the name back so a restart does not wait for the heartbeat to go stale."""
-        if self._closed.is_set():
-            return
+        """Give the name back so a restart does not wait for the heartbeat to go stale.
+        Safe to call from two threads (the SIGTERM release and Spark's ``stop()``): the
+        second call returns once the first is done."""
+        with self._close_lock:
+            if self._closed.is_set():
+                return
+            self._close()
+        _open.discard(self)
+
+    def _close(self) -> None:
         with contextlib.suppress(Exception):
             self.wait_acks()
         self._closed.set()
+        self._lost = self._lost or "the stream is stopping"  # no new leases from here
         c = self.s.spark_consumer
         with contextlib.suppress(Exception), self.db.engine().begin() as conn:
             conn.execute(update(c).where(c.c.consumer == self.o.consumer,
@@ -409,6 +432,11 @@ class Consumer:
 
     def leased(self, start: int, end: int) -> list[tuple[int, int, int]]:
         self._check()
+        if end == start + 1:
+            # Usually leased on the background thread moments ago: no need to read it back.
+            fresh = self._fresh.pop(end, None)
+            if fresh is not None:
+                return fresh
         lt = self.s.spark_lease
         with self.db.engine().connect() as conn:
             return self._leases(conn, lt.c.seq > start, lt.c.seq <= end)
@@ -416,6 +444,9 @@ class Consumer:
     def acknowledge(self, upto: int) -> None:
         """Archive COMPLETED every message of sequences ``<= upto`` (committed by Spark)."""
         self._check()
+        if self.db.engine().dialect.name == "postgresql":
+            self._acknowledge_pg(upto)
+            return
         lt, c = self.s.spark_lease, self.s.spark_consumer
         with self.db.engine().connect() as conn:
             held = self._leases(conn, lt.c.seq <= upto)
@@ -434,11 +465,28 @@ class Consumer:
             conn.execute(update(c).where(c.c.consumer == self.o.consumer, c.c.acked_seq < upto)
                          .values(acked_seq=upto))
 
+    def _acknowledge_pg(self, upto: int) -> None:
+        """PostgreSQL: the lease rows feed the engine's fenced COMPLETE settle in one
+        statement, in the transaction that records ``acked_seq``: nothing travels to this
+        process, and the archive, the lease rows and the sequence move together."""
+        c = self.s.spark_consumer
+        stmt = text(_ACK_PG.format(lease=self.s.spark_lease.name, **self.s.names))
+        with self.db.engine().begin() as conn:
+            held, landed = conn.execute(stmt, {"consumer": self.o.consumer,
+                                               "upto": upto}).one()
+            conn.execute(update(c).where(c.c.consumer == self.o.consumer, c.c.acked_seq < upto)
+                         .values(acked_seq=upto))
+        if landed < held:
+            log.warning("sqlmq stream %s: %d of %d committed messages had lost their lease "
+                        "(delivered again elsewhere)", self.o.consumer, held - landed, held)
+
     def acknowledge_later(self, upto: int) -> None:
         """:meth:`acknowledge` on the background thread, after whatever it is doing. A
         failed acknowledgement is retried by the next one, which covers every sequence up
         to its own."""
         self.wait_acks(block=False)
+        for seq in [k for k in list(self._fresh) if k <= upto]:
+            self._fresh.pop(seq, None)
         if upto > self._acked_upto:
             self._acked_upto = upto
             self._acks.append(self._ahead_pool.submit(self.acknowledge, upto))
@@ -484,6 +532,7 @@ class Consumer:
         lt = self.s.spark_lease
         with self.db.engine().connect() as conn:
             orphan = self._leases(conn, lt.c.seq == nxt)
+        self._fresh.pop(nxt, None)  # an orphan is read back from the table
         if orphan:
             # Leased before a crash but never logged by Spark: keep what is still ours.
             kept = self._io.run(self._broker.engine.extend(
@@ -519,6 +568,7 @@ class Consumer:
         with self.db.engine().begin() as conn:
             rows = [{"consumer": self.o.consumer, "seq": nxt, "id": d.id,
                      "deliveries": d.deliveries, "attempts": d.attempts} for d in got]
+            leased = sorted((d.id, d.deliveries, d.attempts) for d in got)
             for i in range(0, len(rows), 1000):
                 conn.execute(insert(lt), rows[i : i + 1000])
             owned = conn.execute(
@@ -529,6 +579,7 @@ class Consumer:
             if not owned:
                 raise ConsumerBusy(f"consumer {self.o.consumer!r} was taken over by another "
                                    "query while leasing")
+        self._fresh[nxt] = leased
         return len(got)
 
     def _lease_fresh_pg(self, nxt: int, limit: int | None) -> int:
@@ -541,7 +592,7 @@ class Consumer:
         stmt = text(_LEASE_PG.format(
             acquire=acquire_text("queue = :queue").format(**self.s.names),
             lease=self.s.spark_lease.name))
-        got = 0
+        leased: list[tuple[int, int, int]] = []
         with self.db.engine().begin() as conn:
             owned = conn.execute(
                 update(c).where(c.c.consumer == self.o.consumer, c.c.owner == self.token)
@@ -550,15 +601,18 @@ class Consumer:
             if not owned:
                 raise ConsumerBusy(f"consumer {self.o.consumer!r} was taken over by another "
                                    "query while leasing")
-            while limit is None or got < limit:
-                want = _ACQUIRE_CHUNK if limit is None else limit - got
-                n = conn.execute(stmt, {"queue": self.o.queue, "limit": want,
-                                        "lease": float(self.o.lease),
-                                        "consumer": self.o.consumer, "seq": nxt}).scalar_one()
-                got += n
-                if n < want:
+            while limit is None or len(leased) < limit:
+                want = _ACQUIRE_CHUNK if limit is None else limit - len(leased)
+                got = conn.execute(stmt, {"queue": self.o.queue, "limit": want,
+                                          "lease": float(self.o.lease),
+                                          "consumer": self.o.consumer, "seq": nxt}).all()
+                leased += [tuple(r) for r in got]  # type: ignore[misc]
+                if len(got) < want:
                     break
-        return got
+        if leased:
+            leased.sort()
+            self._fresh[nxt] = leased
+        return len(leased)
 
     def extend(self) -> None:
         lt = self.s.spark_lease
@@ -574,24 +628,80 @@ WITH acquired AS ({acquire}),
 leased AS (
     INSERT INTO {lease} (consumer, seq, id, deliveries, attempts)
     SELECT :consumer, :seq, id, deliveries_count, attempts_count FROM acquired
-    RETURNING 1
+    RETURNING id, deliveries, attempts
 )
-SELECT count(*) FROM leased
+SELECT id, deliveries, attempts FROM leased
 """
 
 
+# The engine's settle of Outcome.COMPLETE (fenced on id, delivery and PROCESSING; one
+# attempt; the history unchanged), fed by the lease rows it deletes.
+_ACK_PG = """
+WITH l AS (
+    DELETE FROM {lease} WHERE consumer = :consumer AND seq <= :upto
+    RETURNING id, deliveries
+),
+done AS (
+    DELETE FROM {m} AS m USING l
+    WHERE m.id = l.id AND m.deliveries_count = l.deliveries AND m.state = 'PROCESSING'
+    RETURNING m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
+        m.created_at, m.first_attempt_at, m.history
+),
+archived AS (
+    INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
+                     created_at, first_attempt_at, last_attempt_at, archived_at, error, history)
+    SELECT id, queue, headers, payload, 'COMPLETED', attempts_count + 1, deliveries_count,
+           created_at, first_attempt_at, now(), now(), NULL, history
+    FROM done
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM archived)
+"""
+
+
+_RELEASE_TIMEOUT = 15.0
+_open: set[Consumer] = set()  # this process's consumers, released on SIGTERM
+_handler_installed = False
+
+
 def _release_on_sigterm(consumer: Consumer) -> None:
-    """Spark ends the driver-side Python process of a stopped query with SIGTERM; release
-    the consumer name then, instead of making the restart wait for a stale heartbeat."""
-    if threading.current_thread() is not threading.main_thread():
+    """Spark ends the driver-side Python process of a stopped query with SIGTERM (twice,
+    a few milliseconds apart); release the consumer name then, so that a restart does not
+    wait for a stale heartbeat.
+
+    The signal may arrive while the main thread is inside a transaction holding the
+    consumer's row lock. Releasing from the handler itself would wait for that lock
+    forever (the main thread cannot resume until the handler returns), leaving a process
+    that holds locks on the queue's tables. So the release runs on its own thread while the
+    main thread finishes what it was doing, and the process exits when the release is
+    done, or after ``_RELEASE_TIMEOUT`` whatever happens. Further SIGTERMs are ignored
+    meanwhile: with the default action the second one would kill the process before the
+    release."""
+    global _handler_installed
+    _open.add(consumer)
+    if _handler_installed or threading.current_thread() is not threading.main_thread():
         return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous not in (signal.SIG_DFL, None):
-        return
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return  # the application handles SIGTERM itself
+    releasing: list[bool] = []
+
+    def release_and_exit(code: int) -> None:
+        try:
+            for c in list(_open):
+                with contextlib.suppress(Exception):
+                    c.close()
+        finally:
+            os._exit(code)
 
     def handler(signum: int, frame: Any) -> None:
-        consumer.close()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if releasing:
+            return
+        releasing.append(True)
+        deadline = threading.Timer(_RELEASE_TIMEOUT, os._exit, args=(128 + signum,))
+        deadline.daemon = True
+        deadline.start()
+        threading.Thread(target=release_and_exit, args=(128 + signum,),
+                         name="sqlmq-spark-release").start()
 
     signal.signal(signal.SIGTERM, handler)
+    _handler_installed = True

@@ -112,7 +112,6 @@ async def test_failed_write_job_publishes_nothing_and_leaves_no_staged_rows(
     assert staged == []
 
 
-@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 async def test_bad_options_fail_with_a_clear_error_before_any_job_runs(
     spark: Any, broker: Broker, opts: dict[str, str]
 ) -> None:

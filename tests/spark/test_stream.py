@@ -3,15 +3,20 @@ Spark committed the micro-batch that read it; restarts replay the same rows."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import functions as F
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from sqlmq import Broker
 
@@ -95,7 +100,6 @@ async def test_killed_stream_restarts_from_its_checkpoint_replaying_the_same_row
     assert await rows(broker, queue="in") == []
 
 
-@pytest.mark.parametrize("db_kind", ["postgresql"], indirect=True)
 async def test_second_running_query_with_the_same_consumer_name_is_refused(
     spark: Any, broker: Broker, opts: dict[str, str], tmp_path: Path
 ) -> None:
@@ -115,6 +119,109 @@ async def test_second_running_query_with_the_same_consumer_name_is_refused(
         second.stop()
 
 
+async def test_stopped_query_releases_its_consumer_name_so_a_restart_starts_at_once(
+    spark: Any, broker: Broker, opts: dict[str, str], tmp_path: Path, db_kind: str
+) -> None:
+    """Spark ends a stopped query's driver-side Python process with SIGTERM, often while it
+    is inside a transaction holding the consumer row (an idle query leases constantly). The
+    process must release the name and exit without waiting on its own locks: the restart
+    below has a 120 s consumerTimeout, so only a release (not a stale heartbeat) lets it
+    start promptly."""
+    c = broker.schema.spark_consumer
+    await broker.publish("jobs", "a")
+    src = dict(queue="jobs", consumer="again", consumerTimeout=120, leaseSeconds=360)
+    ck = str(tmp_path / "ck")
+    out: list[Any] = []
+
+    def start() -> Any:
+        return (stream(spark, opts, **src).select("body").writeStream
+                .foreachBatch(lambda df, _: out.extend(r.body for r in df.collect()))
+                .option("checkpointLocation", ck).start())
+
+    async def owner() -> Any:
+        async with broker.db.connect() as conn:
+            return (await conn.execute(select(c.c.owner))).scalar_one()
+
+    first = start()
+    await wait_until(lambda: out == ["a"], timeout=300, message="first query's batch")
+    await asyncio.sleep(1)  # idle polling: latestOffset leasing in a loop
+    assert await owner() is not None
+    first.stop()
+    await wait_until(lambda: owner_is_none(owner), timeout=10, message="consumer released")
+
+    await broker.publish("jobs", "b")
+    t = time.monotonic()
+    second = start()
+    try:
+        await wait_until(lambda: out == ["a", "b"], timeout=100, message="restart's batch")
+        assert time.monotonic() - t < 100  # a stale-heartbeat takeover needs >= 120 s
+    finally:
+        second.stop()
+    await wait_until(lambda: owner_is_none(owner), timeout=10, message="consumer released")
+    if db_kind == "postgresql":
+        await wait_until(lambda: no_foreign_locks(broker), timeout=20,
+                         message="no other session holding locks on the test's tables")
+
+
+_HOLDING_CHILD = """
+import sys, time
+from sqlalchemy import update
+from sqlmq.spark.options import Database
+from sqlmq.spark.stream import Consumer, StreamOptions
+o = StreamOptions(db=Database(sys.argv[1], sys.argv[2]), queue="jobs", consumer="held",
+                  max_per_batch=10, lease=360.0, consumer_timeout=120.0, rows_per_partition=10)
+Consumer(o)
+t = o.db.schema.spark_consumer
+hold = 1.0  # the parent's SIGTERMs land in this first transaction
+while True:  # an idle stream's main thread: one short transaction after another on the row
+    with o.db.engine().begin() as conn:
+        conn.execute(update(t).values(leased_seq=t.c.leased_seq))
+        print("ready", flush=True)
+        time.sleep(hold)
+    hold = 0.05
+    time.sleep(0.02)
+"""
+
+
+async def test_sigterm_inside_a_transaction_on_the_consumer_row_releases_it_and_exits(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    """The moment that hung CI: Spark's SIGTERMs (two of them, milliseconds apart) land
+    while the driver process's main thread holds the consumer row in a transaction. The
+    process must release the name and exit on its own, within seconds."""
+    child = subprocess.Popen([sys.executable, "-c", _HOLDING_CHILD, db_url, prefix],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert await asyncio.to_thread(child.stdout.readline) == "ready\n"
+        child.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.002)
+        child.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(child.wait, 10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert code in (128 + signal.SIGTERM, -signal.SIGTERM)
+    c = broker.schema.spark_consumer
+    async with broker.db.connect() as conn:
+        assert (await conn.execute(select(c.c.owner))).scalar_one() is None
+
+
+async def owner_is_none(owner: Any) -> bool:
+    return await owner() is None
+
+
+async def no_foreign_locks(broker: Broker) -> bool:
+    """PostgreSQL: no other session holds a lock on this test's tables (a driver process
+    that survived its query would)."""
+    prefix = broker.schema.message.name[: -len("message")]
+    sql = text("SELECT count(*) FROM pg_locks l JOIN pg_class r ON r.oid = l.relation "
+               "WHERE l.pid <> pg_backend_pid() AND r.relname LIKE :p")
+    async with broker.db.connect() as conn:
+        return (await conn.execute(sql, {"p": prefix + "%"})).scalar_one() == 0
+
+
 async def test_replayed_streaming_batch_is_published_once(
     broker: Broker, opts: dict[str, str]
 ) -> None:
@@ -124,6 +231,7 @@ async def test_replayed_streaming_batch_is_published_once(
     from pyspark.sql.types import StringType, StructField, StructType
 
     from sqlmq.spark import SqlmqDataSource
+    from sqlmq.spark.sink import publish, stage
 
     source = SqlmqDataSource({**opts, "queue": "out", "sink": "s1"})
     schema = StructType([StructField("body", StringType())])
@@ -140,5 +248,10 @@ async def test_replayed_streaming_batch_is_published_once(
         writer = in_batch.writer(schema, False)
         writer.commit([writer.write(iter([batch]))])
     assert [r["payload"] for r in await rows(broker, queue="out2")] == [b"a", b"b"]
+
+    # publish() reports the rows it moved: all of them, then none for the replay.
+    o = source.streamWriter(schema, False).options
+    assert [publish(o.db, [stage(o, token, iter([batch]))], {token}, sink="s3", batch_id=1)
+            for token in ("first", "replay")] == [2, 0]
     async with broker.db.connect() as conn:
         assert (await conn.execute(select(broker.schema.spark_staging))).all() == []
