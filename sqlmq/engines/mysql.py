@@ -1,8 +1,14 @@
 """MySQL 8 and MariaDB 10.6+: no ``UPDATE … RETURNING``, so acquire is a short transaction
-(``SELECT … FOR UPDATE SKIP LOCKED`` of whole rows, then one ``UPDATE``). A settle batch
-travels as one JSON parameter, opened with ``JSON_TABLE``; its rows are locked first so that
-copying to the archive and deleting see the same rows. Sessions run READ COMMITTED (set in
+(``SELECT … FOR UPDATE SKIP LOCKED``, then one ``UPDATE``). A settle batch travels as one
+JSON value, opened with ``JSON_TABLE``; its rows are locked first so that copying to the
+archive and deleting see the same rows. Sessions run READ COMMITTED (set in
 :mod:`sqlmq.connect`) to keep gap locks out of the way of other consumers.
+
+The hot path (acquire, settle) sends each transaction's statements in one packet, straight
+on the driver (asyncmy always allows multi-statements), and reads plain tuples: a round
+trip per statement and SQLAlchemy's per-row result processing were most of a drain's time.
+The locked ids stay on the server in a session variable between the statements, so nothing
+has to come back to the client in between.
 """
 
 from __future__ import annotations
@@ -10,38 +16,71 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import bindparam, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..records import Delivery, Settlement
-from ..schema import UTCDateTime
 from .base import ArchiveAndStatsMixin, SqlEngine
 
 NOW = "UTC_TIMESTAMP(6)"
 
-_READY = f"""
-SELECT id, queue, headers, payload, attempts_count, deliveries_count, created_at,
-       first_attempt_at, next_attempt_at AS scheduled_at, history, {NOW} AS db_now
-FROM {{m}}
-WHERE queue IN :queues AND next_attempt_at <= {NOW}
-ORDER BY next_attempt_at, id
-LIMIT :limit
-FOR UPDATE SKIP LOCKED
+# ---- acquire: one packet, one transaction ---------------------------------------------------
+#
+# 1. lock up to :limit ready rows, reading the ready index only, and keep their ids (and the
+#    clock) in session variables;
+# 2. return those rows as they are now;
+# 3. mark them PROCESSING.
+# The driver formats the parameters (%s); the queue list becomes one %s per queue.
+
+_TAKEN = "JSON_TABLE(@sqlmq_take, '$[*]' COLUMNS (id BIGINT PATH '$')) AS t"
+
+_LOCK_READY = f"""
+SELECT JSON_ARRAYAGG(id), {NOW} INTO @sqlmq_take, @sqlmq_now FROM (
+    SELECT id FROM {{m}}
+    WHERE queue IN ({{queues}}) AND next_attempt_at <= {NOW}
+    ORDER BY next_attempt_at, id
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+) AS r
 """
 
-_TAKE = """
-UPDATE {m} SET
-    state = 'PROCESSING',
-    deliveries_count = deliveries_count + 1,
-    acquired_at = :now,
-    first_attempt_at = COALESCE(first_attempt_at, :now),
-    next_attempt_at = NULL,
-    lease_expires_at = :lease_expires_at
-WHERE id IN :ids
+_READ_TAKEN = f"""
+SELECT m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
+       m.created_at, m.first_attempt_at, m.next_attempt_at, m.history,
+       CAST(@sqlmq_now AS DATETIME(6))
+FROM {_TAKEN} JOIN {{m}} AS m ON m.id = t.id
 """
 
-_INPUT = """JSON_TABLE(:input, '$[*]' COLUMNS (
+_TAKE = f"""
+UPDATE {_TAKEN} JOIN {{m}} AS m ON m.id = t.id SET
+    m.state = 'PROCESSING',
+    m.deliveries_count = m.deliveries_count + 1,
+    m.acquired_at = CAST(@sqlmq_now AS DATETIME(6)),
+    m.first_attempt_at = COALESCE(m.first_attempt_at, CAST(@sqlmq_now AS DATETIME(6))),
+    m.next_attempt_at = NULL,
+    m.lease_expires_at = CAST(@sqlmq_now AS DATETIME(6)) + INTERVAL %s MICROSECOND
+"""
+
+#: JSON_ARRAYAGG is cut at ``group_concat_max_len`` bytes on MariaDB (and its results were
+#: cut at 64 KiB by MDEV-37835); an id takes at most 21 (19 digits, a comma and a space), so
+#: an acquire takes at most as many rows as fit below both.
+_ID_LIST = 65_535
+_ID_BYTES = 21
+
+# ---- settle: one packet, one transaction ----------------------------------------------------
+#
+# The batch is one JSON value (see SqlEngine.settlement_json), put in a session variable once
+# and opened by each statement. Its rows are locked first, so that archiving, deleting and
+# updating see the same rows; the ids locked are what the caller gets back.
+
+_SET_INPUT = "SET @sqlmq_settle = %s"
+_CLEAR_INPUT = "SET @sqlmq_settle = NULL"
+
+_INPUT = """JSON_TABLE(@sqlmq_settle, '$[*]' COLUMNS (
     id BIGINT PATH '$[0]', deliveries INT PATH '$[1]', outcome VARCHAR(10) PATH '$[2]',
     error LONGTEXT PATH '$[3]', delay DOUBLE PATH '$[4]', refund INT PATH '$[5]',
     attempt INT PATH '$[6]', history LONGTEXT PATH '$[7]'
@@ -49,7 +88,9 @@ _INPUT = """JSON_TABLE(:input, '$[*]' COLUMNS (
 
 _JOIN = "{m} AS m JOIN " + _INPUT + " ON m.id = i.id AND m.deliveries_count = i.deliveries"
 
-_LOCK = f"SELECT m.id, i.outcome FROM {_JOIN} WHERE m.state = 'PROCESSING' FOR UPDATE"
+_LOCK = f"SELECT m.id FROM {_JOIN} WHERE m.state = 'PROCESSING' FOR UPDATE"
+
+_ENDED = "m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')"
 
 _ARCHIVE = f"""
 INSERT INTO {{a}} (id, queue, headers, payload, state, attempts_count, deliveries_count,
@@ -59,10 +100,10 @@ SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.atte
        CASE WHEN i.attempt = 1 THEN {NOW} ELSE m.last_attempt_at END, {NOW}, i.error,
        COALESCE(i.history, m.history)
 FROM {_JOIN}
-WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
+WHERE {_ENDED}
 """
 
-_DELETE = "DELETE FROM {m} WHERE id IN :ids"
+_DELETE = f"DELETE m FROM {_JOIN} WHERE {_ENDED}"
 
 _UPDATE = f"""
 UPDATE {_JOIN} SET
@@ -115,66 +156,85 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         ids = bindparam("ids", expanding=True)
-        self._ready = self.sql(
-            _READY, "id", "queue", "headers", "payload", "attempts_count", "deliveries_count",
-            "created_at", "first_attempt_at", "scheduled_at", "history", "db_now",
-        ).bindparams(bindparam("queues", expanding=True))
-        self._take = self.sql(_TAKE).bindparams(
-            ids, bindparam("now", type_=UTCDateTime()),
-            bindparam("lease_expires_at", type_=UTCDateTime()),
-        )
-        self._delete = self.sql(_DELETE).bindparams(ids)
         self._extend = self.sql(_EXTEND).bindparams(ids)
         self._recover = self.sql(_RECOVER).bindparams(ids)
+        names = self.names
+        self._take_packet = [
+            s.format(**names, queues="{queues}") for s in (_LOCK_READY, _READ_TAKEN, _TAKE)
+        ]
+        self._settle_sql = {
+            name: statement.format(**names)
+            for name, statement in (
+                ("set", _SET_INPUT), ("lock", _LOCK), ("archive", _ARCHIVE),
+                ("delete", _DELETE), ("update", _UPDATE), ("clear", _CLEAR_INPUT),
+            )
+        }
+        self._max_batch: int | None = None
+        # asyncmy always allows several statements per packet; another driver (aiomysql, on
+        # an engine the caller built) gets them one at a time, in the same transaction.
+        self._multi = self.db.dialect.driver == "asyncmy"
+
+    async def _id_list_limit(self, conn: AsyncConnection) -> int:
+        """The most ids one acquire may gather in its session variable (see _ID_LIST)."""
+        limit = _ID_LIST
+        if getattr(self.db.dialect, "is_mariadb", False):
+            (rows,) = await _run(conn, [("SELECT @@group_concat_max_len", [])], False)
+            limit = min(limit, int(rows[0][0]))
+        return max(1, limit // _ID_BYTES)
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         async with self.db.begin() as conn:
-            rows = (
-                await conn.execute(self._ready, {"queues": list(queues), "limit": limit})
-            ).all()
-            if not rows:
-                return []
-            now = rows[0].db_now
-            lease_expires_at = now + timedelta(seconds=lease)
-            await conn.execute(
-                self._take,
-                {"ids": [r.id for r in rows], "now": now, "lease_expires_at": lease_expires_at},
+            if self._max_batch is None:
+                self._max_batch = await self._id_list_limit(conn)
+            lock, read, take = self._take_packet
+            marks = ", ".join(["%s"] * len(queues))
+            packet = [
+                (lock.replace("{queues}", marks), [*queues, min(limit, self._max_batch)]),
+                (read, []),
+                (take, [round(lease * 1_000_000)]),
+            ]
+            _, rows, _ = await _run(conn, packet, self._multi)
+        if not rows:
+            return []
+        now = _utc(rows[0][10])
+        lease_expires_at = now + timedelta(microseconds=round(lease * 1_000_000))
+        headers, utc = _Headers(), _Times()
+        out = [
+            Delivery(
+                id=r[0],
+                queue=r[1],
+                headers=headers(r[2]),
+                payload=bytes(r[3]),
+                attempts=r[4],
+                deliveries=r[5] + 1,
+                created_at=utc(r[6]),
+                first_attempt_at=now if r[7] is None else utc(r[7]),
+                acquired_at=now,
+                lease_expires_at=lease_expires_at,
+                scheduled_at=utc(r[8]),
+                history=_history(r[9]),
             )
-        out = []
-        for r in rows:
-            out.append(
-                Delivery(
-                    id=r.id,
-                    queue=r.queue,
-                    headers=_loads(r.headers) or {},
-                    payload=bytes(r.payload),
-                    attempts=r.attempts_count,
-                    deliveries=r.deliveries_count + 1,
-                    created_at=r.created_at,
-                    first_attempt_at=r.first_attempt_at or now,
-                    acquired_at=now,
-                    lease_expires_at=lease_expires_at,
-                    scheduled_at=r.scheduled_at,
-                    history=_loads(r.history) or [],
-                )
-            )
+            for r in rows
+        ]
+        out.sort(key=_ready_order)
         return out
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
             return set()
-        params = {"input": self.settlement_json(settlements)}
+        sql = self._settle_sql
+        packet: list[tuple[str, list[Any]]] = [
+            (sql["set"], [self.settlement_json(settlements)]), (sql["lock"], []),
+        ]
+        outcomes = {s.outcome.value for s in settlements}
+        if outcomes & {"COMPLETED", "FAILED"}:
+            packet += [(sql["archive"], []), (sql["delete"], [])]
+        if outcomes & {"RETRY", "RELEASE"}:
+            packet.append((sql["update"], []))
+        packet.append((sql["clear"], []))
         async with self.db.begin() as conn:
-            matched = (await conn.execute(self.sql(_LOCK), params)).all()
-            if not matched:
-                return set()
-            archived = [i for i, o in matched if o in ("COMPLETED", "FAILED")]
-            if archived:
-                await conn.execute(self.sql(_ARCHIVE), params)
-                await conn.execute(self._delete, {"ids": archived})
-            if len(archived) < len(matched):
-                await conn.execute(self.sql(_UPDATE), params)
-        return {i for i, _ in matched}
+            results = await _run(conn, packet, self._multi)
+        return {r[0] for r in results[1]}
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
         if not leases:
@@ -217,6 +277,84 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
                     await conn.invalidate()
                     raise
             return list(ids)
+
+
+async def _run(
+    conn: AsyncConnection, statements: Sequence[tuple[str, Sequence[Any]]], multi: bool,
+) -> list[list[Any]]:
+    """Run ``statements`` in order on the driver's own connection under ``conn`` and return
+    each one's rows; with ``multi`` they travel in one packet.
+
+    A failure leaves the connection in a state nobody should reuse (results half read, a
+    transaction the server may have ended), so it is invalidated, and a driver error comes
+    out wrapped as SQLAlchemy's, like the other statements' errors.
+    """
+    sql = ";\n".join(q for q, _ in statements)
+    try:
+        cursor = (await conn.get_raw_connection()).driver_connection.cursor()
+        results: list[list[Any]] = []
+        if multi:
+            await cursor.execute(sql, [a for _, args in statements for a in args])
+            results.append(list(await cursor.fetchall() or ()))
+            while await cursor.nextset():
+                results.append(list(await cursor.fetchall() or ()))
+        else:
+            for query, args in statements:
+                await cursor.execute(query, list(args))
+                results.append(list(await cursor.fetchall() or ()))
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            await conn.invalidate()
+        if isinstance(exc, Exception) and not isinstance(exc, DBAPIError):
+            raise DBAPIError.instance(sql, None, exc, Exception,
+                                      dialect=conn.engine.dialect) from exc
+        raise
+    if len(results) != len(statements):
+        await conn.invalidate()
+        raise RuntimeError(f"{len(statements)} statements gave {len(results)} results")
+    return results
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC)
+
+
+class _Times(dict[datetime, datetime]):
+    """Naive UTC datetimes from the driver as aware ones, for one batch: its rows often
+    share their creation and schedule times (datetimes are immutable, so sharing is safe)."""
+
+    def __call__(self, value: datetime) -> datetime:
+        aware = self.get(value)
+        if aware is None:
+            aware = self[value] = value.replace(tzinfo=UTC)
+        return aware
+
+
+def _ready_order(d: Delivery) -> tuple[datetime, int]:
+    return (d.scheduled_at or _EPOCH, d.id)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class _Headers(dict[Any, dict[str, str]]):
+    """Decodes the headers of one batch, each distinct text once: messages published
+    together mostly carry the same headers. Every message gets its own dict (a handler may
+    change it); headers map strings to strings, so a shallow copy is a full one."""
+
+    def __call__(self, value: str | bytes | None) -> dict[str, str]:
+        if value is None:
+            return {}
+        decoded = self.get(value)
+        if decoded is None:
+            decoded = self[value] = _loads(value) or {}
+        return dict(decoded)
+
+
+def _history(value: object) -> Any:
+    if value is None:
+        return []
+    return _loads(value) or []
 
 
 def _loads(value: object) -> object:
