@@ -52,11 +52,11 @@ _READ_TAKEN = f"""
 SELECT m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
        m.created_at, m.first_attempt_at, m.next_attempt_at, m.history,
        CAST(@sqlmq_now AS DATETIME(6))
-FROM {_TAKEN} JOIN {{m}} AS m ON m.id = t.id
+FROM {_TAKEN} STRAIGHT_JOIN {{m}} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
 """
 
 _TAKE = f"""
-UPDATE {_TAKEN} JOIN {{m}} AS m ON m.id = t.id SET
+UPDATE {_TAKEN} STRAIGHT_JOIN {{m}} AS m FORCE INDEX (PRIMARY) ON m.id = t.id SET
     m.state = 'PROCESSING',
     m.deliveries_count = m.deliveries_count + 1,
     m.acquired_at = CAST(@sqlmq_now AS DATETIME(6)),
@@ -86,7 +86,11 @@ _INPUT = """JSON_TABLE(@sqlmq_settle, '$[*]' COLUMNS (
     attempt INT PATH '$[6]', history LONGTEXT PATH '$[7]'
 )) AS i"""
 
-_JOIN = "{m} AS m JOIN " + _INPUT + " ON m.id = i.id AND m.deliveries_count = i.deliveries"
+# The batch drives every join, by primary key (STRAIGHT_JOIN, FORCE INDEX): on a small table
+# the optimizer would rather scan it, locking rows that are not in the batch and deadlocking
+# with acquire.
+_JOIN = (_INPUT + " STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY)"
+         " ON m.id = i.id AND m.deliveries_count = i.deliveries")
 
 _LOCK = f"SELECT m.id FROM {_JOIN} WHERE m.state = 'PROCESSING' FOR UPDATE"
 
@@ -119,9 +123,9 @@ WHERE m.state = 'PROCESSING' AND i.outcome IN ('RETRY', 'RELEASE')
 """
 
 _EXTEND_LOCK = """
-SELECT m.id FROM {m} AS m JOIN JSON_TABLE(:leases, '$[*]' COLUMNS (
+SELECT m.id FROM JSON_TABLE(:leases, '$[*]' COLUMNS (
     id BIGINT PATH '$[0]', deliveries INT PATH '$[1]')) AS i
-  ON m.id = i.id AND m.deliveries_count = i.deliveries
+  STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = i.id AND m.deliveries_count = i.deliveries
 WHERE m.state = 'PROCESSING' FOR UPDATE
 """
 
