@@ -2,7 +2,7 @@
 the per-micro-batch overhead, at local[2] on PostgreSQL (or any sqlmq URL).
 
     .venv/bin/python bench/spark_rates.py [--url postgresql://postgres@127.0.0.1:5432/test]
-        [--messages 200000] [--batch 50000]
+        [--messages 200000] [--batch 50000] [--sink-only] [--rounds 1]
 
 Each run uses its own table prefix and drops its tables afterwards.
 """
@@ -39,6 +39,10 @@ def main() -> int:
     p.add_argument("--rows-per-partition", type=int, default=None,
                    help="rowsPerPartition of the stream (default: the source's)")
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--sink-only", action="store_true",
+                   help="measure only the sink's publish rate (no stream, no per-batch figures)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="sink writes of --messages each, in one session (median reported)")
     args = p.parse_args()
     prefix = f"b{uuid.uuid4().hex[:8]}_"
     broker = Broker(args.url, table_prefix=prefix)
@@ -88,13 +92,22 @@ def run(args: argparse.Namespace, broker: Broker, opts: dict[str, str]) -> None:
     frame(1000, "warm").write.format("sqlmq").options(**opts).mode("append").save()
     df = frame(n, "bench").cache()
     df.count()
-    t = time.perf_counter()
-    df.write.format("sqlmq").options(**opts, contentType="application/json") \
-        .mode("append").save()
-    publish = time.perf_counter() - t
     print(f"session start:          {start:8.2f} s", flush=True)
-    print(f"sink publish rate:      {n / publish:10,.0f} msg/s  ({publish:.2f} s for {n})",
-          flush=True)
+    rates = []
+    for _ in range(max(1, args.rounds)):
+        t = time.perf_counter()
+        df.write.format("sqlmq").options(**opts, contentType="application/json") \
+            .mode("append").save()
+        publish = time.perf_counter() - t
+        rates.append(n / publish)
+        print(f"sink publish rate:      {n / publish:10,.0f} msg/s  ({publish:.2f} s for {n})",
+              flush=True)
+    if len(rates) > 1:
+        print(f"sink publish median:    {sorted(rates)[len(rates) // 2]:10,.0f} msg/s  "
+              f"(min {min(rates):,.0f}, max {max(rates):,.0f}, {len(rates)} rounds)", flush=True)
+    if args.sink_only:
+        spark.stop()
+        return
 
     stream_opts = {"queue": "bench", "consumer": "bench", "maxMessagesPerBatch": args.batch}
     if args.rows_per_partition:
@@ -110,7 +123,8 @@ def run(args: argparse.Namespace, broker: Broker, opts: dict[str, str]) -> None:
         batches = [x for x in q.recentProgress if x["numInputRows"]]
     remaining = sum(s.pending + s.processing for s in wait(broker.stats())  # type: ignore
                     if s.queue == "bench")
-    print(f"\nstream consumption:     {n / consume:10,.0f} msg/s  ({consume:.2f} s from "
+    total = n * max(1, args.rounds)
+    print(f"\nstream consumption:     {total / consume:10,.0f} msg/s  ({consume:.2f} s from "
           f"start() to the end, {len(batches)} batches of <= {args.batch}, acked; "
           f"{remaining} left in queue)", flush=True)
     # Without the query's start and its first batch (Python workers and the source's
