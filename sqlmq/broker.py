@@ -23,6 +23,7 @@ from .connect import create_async, create_sync, parse_url, safe_url, sync_url
 from .engines import engine_for
 from .engines.base import Engine
 from .engines.postgres import PostgresEngine
+from .engines.sqlite import SqliteEngine
 from .errors import ConfigurationError, PublishError
 from .migrate import check_schema, migrate
 from .notify import Listener, channel_for
@@ -169,6 +170,9 @@ class Broker:
         ids: list[int] = []
         if connection is None and isinstance(self.engine, PostgresEngine):
             ids = await self.engine.insert(messages)  # one statement, one round trip
+        elif (connection is None and isinstance(self.engine, SqliteEngine)
+              and len(messages) == 1 and messages[0].at is None):
+            ids = [await self.engine.insert_one(messages[0])]
         elif connection is None:
             async with self.db.begin() as conn:
                 for plan in self._plans(conn.dialect, messages):
