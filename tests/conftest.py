@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.exc import OperationalError
 
 from sqlmq import Broker, build_schema
@@ -167,3 +169,20 @@ def run_cli(*args: str) -> CliResult:
         except SystemExit as exc:  # argparse usage errors
             code = exc.code if isinstance(exc.code, int) else 2
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@contextmanager
+def counting_inserts(engine: SyncEngine) -> Iterator[list[str]]:
+    """The INSERT statements that go through SQLAlchemy on ``engine`` meanwhile (the
+    PostgreSQL COPY path sends none)."""
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "INSERT" in statement.upper():
+            statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", record)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, func, select
+from sqlalchemy import create_engine, func, select
 from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
@@ -18,7 +17,7 @@ from sqlalchemy.orm import Session
 from sqlmq import Broker, Message, PublishError
 from sqlmq.connect import parse_url, sync_url
 
-from .conftest import drained, rows, wait_until
+from .conftest import counting_inserts, drained, rows, wait_until
 
 FAST = {"flush_interval": 0.01, "max_fetch_interval": 0.02}
 CLOCK_RESOLUTION = timedelta(milliseconds=2)  # SQLite keeps milliseconds
@@ -200,21 +199,6 @@ async def test_publish_refuses_a_connection_of_the_other_kind(
 
 
 # ---- batches -------------------------------------------------------------------------------
-
-
-@contextmanager
-def counting_inserts(engine: SyncEngine) -> Iterator[list[str]]:
-    statements: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "INSERT" in statement.upper():
-            statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield statements
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
 
 
 async def test_publish_batch_returns_ids_in_body_order_in_one_round_trip(

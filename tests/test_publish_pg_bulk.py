@@ -6,14 +6,13 @@ write it (database clock included), the NOTIFY at commit and only then, all or n
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sqlmq import Broker, PayloadTooLarge, PublishError
@@ -21,37 +20,15 @@ from sqlmq.codec import CONTENT_TYPE, encode
 from sqlmq.notify import channel_for
 from sqlmq.publishing import PG_COPY_MIN, prepare
 
-from .conftest import PG_URL, drop_tables, rows
+from .conftest import PG_URL, counting_inserts, drop_tables, rows
 
 BULK = max(PG_COPY_MIN, 600)
 
 
 @pytest.fixture
-async def broker(prefix: str) -> AsyncIterator[Broker]:
-    b = Broker(PG_URL, table_prefix=prefix)
-    await b.migrate()
-    try:
-        yield b
-    finally:
-        await b.close()
-        drop_tables(PG_URL, prefix)
-
-
-@contextmanager
-def sqlalchemy_inserts(broker: Broker) -> Iterator[list[str]]:
-    """INSERT statements that went through SQLAlchemy (the COPY path sends none)."""
-    seen: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "INSERT" in statement.upper():
-            seen.append(statement)
-
-    engine = broker.db.sync_engine
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+def db_url() -> str:
+    """Every test here runs on PostgreSQL only: COPY is its path alone."""
+    return PG_URL
 
 
 async def db_now(broker: Broker) -> datetime:
@@ -85,7 +62,7 @@ async def test_bulk_ids_are_in_body_order_and_match_the_rows(broker: Broker) -> 
     bodies = mixed_bodies(BULK * 4)  # several COPY chunks
     headers = {"tenant": "é \"quoted\" \\ back", "n": "1"}
     before = await db_now(broker)
-    with sqlalchemy_inserts(broker) as inserts:
+    with counting_inserts(broker.db.sync_engine) as inserts:
         ids = await broker.publish_batch("bulk-é", bodies, headers=headers)
     after = await db_now(broker)
 
@@ -125,7 +102,7 @@ async def test_bulk_delay_and_at_are_computed_like_the_insert(broker: Broker) ->
 
 async def test_bulk_and_small_batches_write_identical_rows(broker: Broker) -> None:
     bodies = mixed_bodies(PG_COPY_MIN)
-    with sqlalchemy_inserts(broker) as inserts:
+    with counting_inserts(broker.db.sync_engine) as inserts:
         small = await broker.publish_batch("q", bodies[: PG_COPY_MIN - 1], headers={"h": "v"})
         bulk = await broker.publish_batch("q", bodies, headers={"h": "v"})
     assert len(inserts) == 1  # only the small one went through SQLAlchemy

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import TextClause, column, text
@@ -258,3 +258,28 @@ class ArchiveAndStatsMixin:
             )
             for q, c in sorted(counts.items())
         ]
+
+
+# ---- decoding a batch of rows (the MariaDB and SQLite engines read plain tuples) -------------
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def ready_order(d: Delivery) -> tuple[datetime, int]:
+    """The order acquire hands messages out in: by schedule, then id."""
+    return (d.scheduled_at or _EPOCH, d.id)
+
+
+class BatchHeaders(dict[Any, dict[str, str]]):
+    """Decodes the headers of one batch, each distinct text once: messages published
+    together mostly carry the same headers. Every message gets its own dict (a handler may
+    change it); headers map strings to strings, so a shallow copy is a full one."""
+
+    def __call__(self, value: str | bytes | None) -> dict[str, str]:
+        if value is None:
+            return {}
+        decoded = self.get(value)
+        if decoded is None:
+            decoded = self[value] = (json.loads(value) if isinstance(value, str | bytes)
+                                     else value) or {}
+        return dict(decoded)

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..records import Delivery, Settlement
-from .base import ArchiveAndStatsMixin, SqlEngine
+from .base import ArchiveAndStatsMixin, BatchHeaders, SqlEngine, ready_order
 
 NOW = "UTC_TIMESTAMP(6)"
 
@@ -202,7 +202,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             return []
         now = _utc(rows[0][10])
         lease_expires_at = now + timedelta(microseconds=round(lease * 1_000_000))
-        headers, utc = _Headers(), _Times()
+        headers, utc = BatchHeaders(), _Times()
         out = [
             Delivery(
                 id=r[0],
@@ -220,7 +220,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             )
             for r in rows
         ]
-        out.sort(key=_ready_order)
+        out.sort(key=ready_order)
         return out
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
@@ -332,27 +332,6 @@ class _Times(dict[datetime, datetime]):
         if aware is None:
             aware = self[value] = value.replace(tzinfo=UTC)
         return aware
-
-
-def _ready_order(d: Delivery) -> tuple[datetime, int]:
-    return (d.scheduled_at or _EPOCH, d.id)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class _Headers(dict[Any, dict[str, str]]):
-    """Decodes the headers of one batch, each distinct text once: messages published
-    together mostly carry the same headers. Every message gets its own dict (a handler may
-    change it); headers map strings to strings, so a shallow copy is a full one."""
-
-    def __call__(self, value: str | bytes | None) -> dict[str, str]:
-        if value is None:
-            return {}
-        decoded = self.get(value)
-        if decoded is None:
-            decoded = self[value] = _loads(value) or {}
-        return dict(decoded)
 
 
 def _history(value: object) -> Any:

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..records import Delivery, NewMessage, Settlement
 from ..sqltime import SQLITE_NOW, sqlite_now_plus
-from .base import ArchiveAndStatsMixin, SqlEngine
+from .base import ArchiveAndStatsMixin, BatchHeaders, SqlEngine, ready_order
 
 NOW = SQLITE_NOW
 
@@ -168,7 +168,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
             rows = await _fetch(conn, self._take_sql,
                                 {"ids": json.dumps([r[0] for r in ready]), "lease": lease})
         scheduled = dict(ready)
-        headers, utc = _Headers(), _Times()
+        headers, utc = BatchHeaders(), _Times()
         out = [
             Delivery(
                 id=r[0],
@@ -186,7 +186,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
             )
             for r in rows
         ]
-        out.sort(key=_ready_order)
+        out.sort(key=ready_order)
         return out
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
@@ -245,24 +245,3 @@ class _Times(dict[Any, datetime]):
             parsed = datetime.fromisoformat(value) if isinstance(value, str) else value
             parsed = self[value] = parsed.replace(tzinfo=UTC)
         return parsed
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _ready_order(d: Delivery) -> tuple[datetime, int]:
-    return (d.scheduled_at or _EPOCH, d.id)
-
-
-class _Headers(dict[Any, dict[str, str]]):
-    """Decodes the headers of one batch, each distinct text once: messages published
-    together mostly carry the same headers. Every message gets its own dict (a handler may
-    change it); headers map strings to strings, so a shallow copy is a full one."""
-
-    def __call__(self, value: str | bytes | None) -> dict[str, str]:
-        if value is None:
-            return {}
-        decoded = self.get(value)
-        if decoded is None:
-            decoded = self[value] = json.loads(value) or {}
-        return dict(decoded)
