@@ -42,9 +42,9 @@ class Delivery:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, like NewMessage: one is built per message handled
 class Settlement:
-    """The result of one delivery, waiting to be flushed."""
+    """The result of one delivery, waiting to be flushed. Treat it as immutable."""
 
     id: int
     deliveries: int

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 from dataclasses import dataclass
 
 from .backoff import Backoff, describe
@@ -386,8 +387,12 @@ class SubscriberRuntime:
             self._applied(batch, applied)
 
     def _applied(self, batch: list[Settlement], applied: set[int]) -> None:
-        flushed = {id(s) for s in batch}
-        self._results[:] = [s for s in self._results if id(s) not in flushed]
+        k = len(batch)
+        if len(self._results) >= k and all(map(operator.is_, batch, self._results)):
+            del self._results[:k]  # the usual case: the batch was the oldest results
+        else:
+            flushed = {id(s) for s in batch}
+            self._results[:] = [s for s in self._results if id(s) not in flushed]
         c = self.counters
         for s in batch:
             self._held.pop((s.id, s.deliveries), None)

@@ -1,7 +1,7 @@
-"""The MariaDB and SQLite engines' hot path (acquire and settle sent straight on the driver):
-what each returns, the order of a batch, the driver-free fallback on MariaDB, and what a
-statement failing half way through a transaction leaves behind (nothing: no rows changed, no
-lock held, the next call works)."""
+"""The engines' hot path (acquire and settle sent straight on the driver, rows decoded by
+hand): what each returns, down to the microsecond of every timestamp, the order of a batch,
+the driver-free fallback on MariaDB, and what a statement failing half way through a
+transaction leaves behind (nothing: no rows changed, no lock held, the next call works)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sqlmq import Broker, Outcome, Settlement
 from .conftest import rows
 
 
-@pytest.fixture(params=["sqlite", "mariadb"])
+@pytest.fixture(params=["sqlite", "mariadb", "postgresql"])
 def db_kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
@@ -59,8 +59,32 @@ async def test_acquire_returns_ready_order_fields_and_leases(broker: Broker) -> 
         assert row["state"] == "PROCESSING" and row["deliveries_count"] == 1
         assert row["next_attempt_at"] is None
         assert row["lease_expires_at"] == d.lease_expires_at
+        assert (row["created_at"], row["first_attempt_at"], row["acquired_at"]) == (
+            d.created_at, d.first_attempt_at, d.acquired_at)
     assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [ids[0]]
     assert await broker.engine.acquire(["q"], 10, 30) == []
+
+
+async def test_a_redelivery_carries_its_history_and_a_plain_ack_keeps_it(
+    broker: Broker,
+) -> None:
+    engine = broker.engine
+    msg_id = await broker.publish("q", "x", headers={"h": "1"})
+    (first,) = await engine.acquire(["q"], 10, 30)
+    entry = {"delivery": 1, "ended": "error", "error": 'say "no" \\ twice'}
+    assert await engine.settle(
+        [Settlement(msg_id, 1, Outcome.RETRY, error="e", delay=0.0, history=[entry])]
+    ) == {msg_id}
+
+    (again,) = await engine.acquire(["q"], 10, 30)
+
+    assert (again.deliveries, again.attempts, again.history) == (2, 1, [entry])
+    assert again.headers == first.headers and again.headers["h"] == "1"
+    assert again.created_at == first.created_at
+    assert again.first_attempt_at == first.first_attempt_at < again.acquired_at
+    assert await engine.settle([Settlement(msg_id, 2, Outcome.COMPLETE)]) == {msg_id}
+    (row,) = await rows(broker, "archive")
+    assert row["history"] == [entry] and row["attempts_count"] == 2
 
 
 async def test_settle_reports_what_landed_for_every_outcome(broker: Broker) -> None:

@@ -6,7 +6,7 @@ file; dialect differences live there and nowhere else.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -283,3 +283,22 @@ class BatchHeaders(dict[Any, dict[str, str]]):
             decoded = self[value] = (json.loads(value) if isinstance(value, str | bytes)
                                      else value) or {}
         return dict(decoded)
+
+
+class BatchTimes(dict[Any, datetime]):
+    """The driver's values of one batch's timestamps as aware UTC datetimes, each distinct
+    value converted once: a batch's rows share their acquisition and lease times, and often
+    their creation and schedule (datetimes are immutable, so sharing them is safe)."""
+
+    def __init__(self, convert: Callable[[Any], datetime]) -> None:
+        super().__init__()
+        self.convert = convert
+
+    def __call__(self, value: Any) -> Any:
+        if value is None:
+            return None
+        converted = self.get(value)
+        if converted is None:
+            converted = self[value] = self.convert(value)
+        return converted
+

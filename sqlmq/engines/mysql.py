@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..records import Delivery, Settlement
-from .base import ArchiveAndStatsMixin, BatchHeaders, SqlEngine, ready_order
+from .base import ArchiveAndStatsMixin, BatchHeaders, BatchTimes, SqlEngine, ready_order
 
 NOW = "UTC_TIMESTAMP(6)"
 
@@ -202,7 +202,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             return []
         now = _utc(rows[0][10])
         lease_expires_at = now + timedelta(microseconds=round(lease * 1_000_000))
-        headers, utc = BatchHeaders(), _Times()
+        headers, utc = BatchHeaders(), BatchTimes(_utc)  # the driver's are naive UTC
         out = [
             Delivery(
                 id=r[0],
@@ -321,17 +321,6 @@ async def _run(
 
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC)
-
-
-class _Times(dict[datetime, datetime]):
-    """Naive UTC datetimes from the driver as aware ones, for one batch: its rows often
-    share their creation and schedule times (datetimes are immutable, so sharing is safe)."""
-
-    def __call__(self, value: datetime) -> datetime:
-        aware = self.get(value)
-        if aware is None:
-            aware = self[value] = value.replace(tzinfo=UTC)
-        return aware
 
 
 def _history(value: object) -> Any:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import re
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -22,7 +23,8 @@ from ..publishing import (
 )
 from ..records import Delivery, NewMessage, Settlement
 from ..schema import Schema
-from .base import ArchiveAndStatsMixin, SqlEngine, _as_json
+from ..states import Outcome
+from .base import ArchiveAndStatsMixin, BatchHeaders, BatchTimes, SqlEngine
 
 # The second condition on m.id is for the planner: without it, a ready CTE of a few hundred
 # rows is hash-joined to a sequential scan of the whole backlog; with it, the rows are
@@ -44,9 +46,10 @@ UPDATE {m} AS m SET
     lease_expires_at = now() + CAST(:lease AS DOUBLE PRECISION) * INTERVAL '1 second'
 FROM ready
 WHERE m.id = ready.id AND m.id = ANY(ARRAY(SELECT id FROM ready))
-RETURNING m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
-    m.created_at, m.first_attempt_at, m.acquired_at, m.lease_expires_at,
-    ready.next_attempt_at AS scheduled_at, m.history
+RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
+    m.deliveries_count, date_part('epoch', m.created_at), date_part('epoch', m.first_attempt_at),
+    date_part('epoch', m.acquired_at), date_part('epoch', m.lease_expires_at),
+    date_part('epoch', ready.next_attempt_at), CAST(m.history AS TEXT)
 """
 
 # One round trip for a whole flush. Every branch is fenced on (id, deliveries, PROCESSING);
@@ -168,9 +171,14 @@ class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
             rows = await self._fetch(self._acquire_one, queues[0], limit, float(lease))
         else:
             rows = await self._fetch(self._acquire_many, list(queues), limit, float(lease))
+        # JSON comes as text and times as epoch seconds, each distinct value decoded once
+        # per batch: the driver would parse every message's headers and history, and build
+        # five datetimes per row at about 3 µs each, where a batch mostly repeats one header
+        # text, has no history and shares its acquisition, lease and often creation times.
+        headers, utc = BatchHeaders(), BatchTimes(_from_epoch)
         out = [
-            Delivery(r[0], r[1], _as_json(r[2]) or {}, r[3], r[4], r[5], r[6], r[7], r[8], r[9],
-                     r[10], _as_json(r[11]) or [])
+            Delivery(r[0], r[1], headers(r[2]), r[3], r[4], r[5], utc(r[6]), utc(r[7]),
+                     utc(r[8]), utc(r[9]), utc(r[10]), _history(r[11]))
             for r in rows
         ]
         out.sort(key=_schedule_order)
@@ -179,16 +187,25 @@ class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
             return set()
+        n = len(settlements)
+        if all(s.outcome is Outcome.COMPLETE and s.error is None and s.history is None
+               and s.attempted for s in settlements):
+            # The common flush, every handler returned: the constant columns are built once.
+            outcomes, errors, delays = _same("COMPLETED", n), _same("NULL", n), _same("0", n)
+            refunds, attempts, histories = _same("0", n), _same("1", n), errors
+        else:
+            outcomes = _texts(s.outcome.value for s in settlements)
+            errors = _texts(s.error for s in settlements)
+            delays = _numbers(float(s.delay) for s in settlements)
+            refunds = _numbers(1 if s.refund else 0 for s in settlements)
+            attempts = _numbers(1 if s.attempted else 0 for s in settlements)
+            histories = _texts(None if s.history is None else json.dumps(s.history)
+                               for s in settlements)
         rows = await self._fetch(
             self._settle,
-            _numbers(s.id for s in settlements),
-            _numbers(s.deliveries for s in settlements),
-            _texts(s.outcome.value for s in settlements),
-            _texts(s.error for s in settlements),
-            _numbers(float(s.delay) for s in settlements),
-            _numbers(1 if s.refund else 0 for s in settlements),
-            _numbers(1 if s.attempted else 0 for s in settlements),
-            _texts(None if s.history is None else json.dumps(s.history) for s in settlements),
+            _numbers([s.id for s in settlements]),
+            _numbers([s.deliveries for s in settlements]),
+            outcomes, errors, delays, refunds, attempts, histories,
         )
         return {r[0] for r in rows}
 
@@ -247,11 +264,15 @@ class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
         return ids
 
     async def _fetch(self, statement: str, *args: Any) -> list[Any]:
-        """One statement straight on asyncpg, in a transaction of its own (autocommit)."""
+        """One statement straight on asyncpg, in a transaction of its own (autocommit).
+        Errors come out wrapped as SQLAlchemy's, like those of every other engine call."""
         conn = await self._checkout()
         try:
             raw = await conn.get_raw_connection()
             rows = await raw.driver_connection.fetch(statement, *args)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await _discard(conn)
+            raise _as_sqlalchemy_error(exc, statement, self.db.dialect) from exc
         except BaseException:
             await _discard(conn)
             raise
@@ -345,8 +366,22 @@ def _texts(values: Iterable[str | None]) -> str:
     return "{" + ",".join("NULL" if v is None else _quoted(v) for v in values) + "}"
 
 
+def _same(value: str, n: int) -> str:
+    """An array literal of ``n`` copies of one element."""
+    return "{" + ",".join([value] * n) + "}"
+
+
 def _quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _from_epoch(seconds: float) -> datetime:
+    # Exact to the microsecond: an epoch in float8 is off by under 0.2 µs, which rounds away.
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _history(text: str | None) -> list[Any]:
+    return [] if text is None or text == "[]" else json.loads(text)
 
 
 def _schedule_order(d: Delivery) -> tuple[Any, int]:

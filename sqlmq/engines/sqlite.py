@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..records import Delivery, NewMessage, Settlement
 from ..sqltime import SQLITE_NOW, sqlite_now_plus
-from .base import ArchiveAndStatsMixin, BatchHeaders, SqlEngine, ready_order
+from .base import ArchiveAndStatsMixin, BatchHeaders, BatchTimes, SqlEngine, ready_order
 
 NOW = SQLITE_NOW
 
@@ -168,7 +168,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
             rows = await _fetch(conn, self._take_sql,
                                 {"ids": json.dumps([r[0] for r in ready]), "lease": lease})
         scheduled = dict(ready)
-        headers, utc = BatchHeaders(), _Times()
+        headers, utc = BatchHeaders(), BatchTimes(_stored_time)
         out = [
             Delivery(
                 id=r[0],
@@ -232,16 +232,7 @@ async def _fetch(conn: AsyncConnection, sql: str, params: Mapping[str, Any]) -> 
                                   dialect=conn.engine.dialect) from exc
 
 
-class _Times(dict[Any, datetime]):
-    """Stored ISO text (naive UTC) as aware datetimes, for one batch: its rows share their
-    acquisition and lease times, and often their creation and schedule (datetimes are
-    immutable, so sharing them is safe)."""
-
-    def __call__(self, value: str | datetime | None) -> Any:
-        if value is None:
-            return None
-        parsed = self.get(value)
-        if parsed is None:
-            parsed = datetime.fromisoformat(value) if isinstance(value, str) else value
-            parsed = self[value] = parsed.replace(tzinfo=UTC)
-        return parsed
+def _stored_time(value: str | datetime) -> datetime:
+    """Stored ISO text (naive UTC) as an aware datetime."""
+    parsed = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return parsed.replace(tzinfo=UTC)
