@@ -21,18 +21,19 @@ from .backoff import Backoff
 from .commit_hooks import on_commit
 from .connect import create_async, create_sync, parse_url, safe_url, sync_url
 from .engines import engine_for
-from .engines.base import Engine
+from .engines.base import Engine, KeptConnections
+from .engines.mysql import MysqlEngine
 from .engines.postgres import PostgresEngine
 from .engines.sqlite import SqliteEngine
 from .errors import ConfigurationError, PublishError
 from .migrate import check_schema, migrate
 from .notify import Listener, channel_for
 from .publishing import plan_insert, prepare
-from .records import QueueStats
+from .records import NewMessage, QueueStats, Settlement
 from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
 from .schema import DEFAULT_PREFIX, Schema, build_schema
-from .states import AckPolicy
+from .states import AckPolicy, Outcome
 from .subscriber import HandlerAdapter, Subscriber, SubscriberConfig
 from .tasks import cancel_and_wait
 
@@ -170,8 +171,11 @@ class Broker:
         ids: list[int] = []
         if connection is None and isinstance(self.engine, PostgresEngine):
             ids = await self.engine.insert(messages)  # one statement, one round trip
-        elif (connection is None and isinstance(self.engine, SqliteEngine)
+        elif (connection is None and isinstance(self.engine, SqliteEngine | MysqlEngine)
               and len(messages) == 1 and messages[0].at is None):
+            direct = self._idle_runtime(messages[0])
+            if direct is not None:
+                return [await self._publish_to(direct, messages[0])]
             ids = [await self.engine.insert_one(messages[0])]
         elif connection is None:
             async with self.db.begin() as conn:
@@ -184,6 +188,29 @@ class Broker:
                 ids += plan.ids(await connection.execute(plan.statement, plan.params))
         self._wake_when_visible(queue, connection)
         return ids
+
+    def _idle_runtime(self, message: NewMessage) -> SubscriberRuntime | None:
+        """A subscriber of this process, on this loop, with nothing to do that would take
+        ``message`` (due now) at once."""
+        if message.delay > 0 or self._loop is not asyncio.get_running_loop():
+            return None
+        for runtime in self._runtimes:
+            if runtime.takes_direct(message.queue):
+                return runtime
+        return None
+
+    async def _publish_to(self, runtime: SubscriberRuntime, message: NewMessage) -> int:
+        """Publish ``message`` already acquired for ``runtime`` and hand it over: one round
+        trip from publish to handler, where an acquire would add another. The row is what
+        an acquire leaves, leased and fenced as usual, so a crash loses nothing."""
+        engine = self.engine
+        assert isinstance(engine, SqliteEngine | MysqlEngine)
+        d = await engine.insert_leased(message, runtime.cfg.lease)
+        if not runtime.hand_over(d):  # it began to stop meanwhile: back to the queue
+            await engine.settle([Settlement(d.id, d.deliveries, Outcome.RELEASE, refund=True,
+                                            attempted=False)])
+            self._wake_when_visible(message.queue, None)
+        return d.id
 
     def publish_sync(
         self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
@@ -357,7 +384,7 @@ class Broker:
     async def close(self) -> None:
         """Stop, and dispose of the engines sqlmq created."""
         await self.stop()
-        if isinstance(self._engine, PostgresEngine):
+        if isinstance(self._engine, KeptConnections):
             await self._engine.close()
         if self._owns_db and self._db is not None:
             await self._db.dispose()

@@ -8,8 +8,10 @@ errors and the CLI show.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import sqlite3
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import URL, event, make_url
@@ -191,19 +193,40 @@ def _take_write_turn(engine: SyncEngine, info: dict[str, Any]) -> None:
 
     if _TURN in info:  # this connection holds the turn already (another transaction)
         return
-    loop = asyncio.get_running_loop()
+    lock = _turn_lock(engine)
+    await_only(_wait_for_turn(lock))
+    info[_TURN] = (asyncio.get_running_loop(), lock)
+
+
+def _turn_lock(engine: SyncEngine) -> asyncio.Lock:
     locks: dict[Any, asyncio.Lock] = engine.__dict__.setdefault(_TURN, {})
+    loop = asyncio.get_running_loop()
     lock = locks.get(loop)
     if lock is None:
         lock = locks[loop] = asyncio.Lock()
+    return lock
+
+
+async def _wait_for_turn(lock: asyncio.Lock) -> None:
     try:
-        await_only(asyncio.wait_for(lock.acquire(), _TURN_TIMEOUT))
+        await asyncio.wait_for(lock.acquire(), _TURN_TIMEOUT)
     except TimeoutError:
         raise sqlite3.OperationalError(
             f"database is locked: another transaction of this process held the write lock "
             f"for over {_TURN_TIMEOUT:.0f} s"
         ) from None
-    info[_TURN] = (loop, lock)
+
+
+@contextlib.asynccontextmanager
+async def write_turn(engine: AsyncEngine) -> AsyncIterator[None]:
+    """This process's write turn on an SQLite engine, for a statement that commits by
+    itself (no BEGIN, so the ``begin`` event does not take the turn for it)."""
+    lock = _turn_lock(engine.sync_engine)
+    await _wait_for_turn(lock)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _give_back_write_turn(_dbapi_conn: Any, record: Any, *_args: Any) -> None:

@@ -94,6 +94,7 @@ class SubscriberRuntime:
         self._quarantine = asyncio.Lock()
         self._open = asyncio.Event()  # cleared while a suspect runs in quarantine
         self._open.set()
+        self._caught_up = False  # the last acquire found fewer ready messages than it asked
 
     @property
     def name(self) -> str:
@@ -191,6 +192,7 @@ class SubscriberRuntime:
                 self._held[(d.id, d.deliveries)] = d
                 self._buffer.put_nowait(d)
             self.counters.acquired += len(batch)
+            self._caught_up = len(batch) < limit
             if len(batch) >= limit:
                 idle = 0.0
                 wait = cfg.min_fetch_interval
@@ -212,6 +214,28 @@ class SubscriberRuntime:
                 # commit can arrive just before the commit does): poll fast again.
                 idle = 0.0
                 self.wakeup.clear()
+
+    # ---- direct hand-over ----------------------------------------------------------------
+
+    def takes_direct(self, queue: str) -> bool:
+        """Whether a message published to ``queue`` in this process may come straight here,
+        written already acquired, instead of waiting for the next acquire: only while this
+        subscriber has nothing else to do (no ready backlog seen, nothing buffered, a worker
+        free), so the message overtakes nothing it would otherwise have waited behind."""
+        return (self._caught_up and not self._stopping and self._open.is_set()
+                and queue in self.cfg.queues and self._buffer.empty()
+                and self._running < self.cfg.workers
+                and len(self._results) < self.cfg.max_unflushed)
+
+    def hand_over(self, d: Delivery) -> bool:
+        """Run a delivery acquired on this subscriber's behalf. False once stopping: the
+        caller then gives it back."""
+        if self._stopping:
+            return False
+        self._held[(d.id, d.deliveries)] = d
+        self._buffer.put_nowait(d)
+        self.counters.acquired += 1
+        return True
 
     # ---- workers -------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ async def test_processes_sharing_a_queue_handle_and_archive_each_message_exactly
     outs = [tmp_path / f"worker{i}.ids" for i in range(PROCESSES)]
     # Handlers that take a moment, as real ones do: with no-op handlers on SQLite, a process
     # sleeping in the busy handler can lose every race of a sub-second drain.
-    procs = [spawn_worker(db_url, prefix, "shared", out, sleep=0.0005) for out in outs]
+    procs = [spawn_worker(db_url, prefix, "shared", out, sleep=0.002) for out in outs]
     try:
         await wait_until(lambda: all(ready_marker(o).exists() for o in outs), timeout=60,
                          message="every worker process running its subscriber")

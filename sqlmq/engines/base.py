@@ -5,16 +5,18 @@ file; dialect differences live there and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import TextClause, column, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..connect import READ_ONLY
-from ..records import Delivery, QueueStats, Settlement
+from ..records import Delivery, NewMessage, QueueStats, Settlement
 from ..schema import Schema, UTCDateTime
 
 
@@ -69,6 +71,65 @@ class Engine(Protocol):
 
     async def now(self) -> datetime:
         ...
+
+
+class KeptConnections:
+    """A few autocommit connections the hot path keeps checked out of the pool and reuses.
+
+    The pool's pre-ping costs a round trip per checkout (three on PostgreSQL), and a
+    transaction through SQLAlchemy one more for its COMMIT; the hot path's statements
+    commit themselves instead. A connection that fails is discarded, never kept, and one
+    left idle for ``KEEP_FOR`` seconds goes back to the pool, whose pre-ping checks it
+    before its next use (a server restart while it sat idle is then caught there).
+    """
+
+    db: AsyncEngine
+
+    KEEP_IDLE = 4
+    KEEP_FOR = 10.0
+    #: Put the connections in autocommit; SQLite's are (see :mod:`sqlmq.connect`), and
+    #: SQLAlchemy would undo that recipe when resetting the level at check-in.
+    AUTOCOMMIT = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._kept: list[tuple[AsyncConnection, float]] = []  # (connection, idle since)
+        self._kept_closed = False
+
+    async def _checkout(self) -> AsyncConnection:
+        kept = self._kept
+        now = time.monotonic()
+        while kept:
+            conn, since = kept.pop()
+            if now - since < self.KEEP_FOR:
+                return conn
+            with contextlib.suppress(Exception):
+                await conn.close()
+        conn = await self.db.connect()
+        if self.AUTOCOMMIT:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        return conn
+
+    async def _checkin(self, conn: AsyncConnection) -> None:
+        if self._kept_closed or len(self._kept) >= self.KEEP_IDLE:
+            await conn.close()
+        else:
+            self._kept.append((conn, time.monotonic()))
+
+    async def close(self) -> None:
+        """Return the kept connections to the pool; later calls do not keep any."""
+        self._kept_closed = True
+        while self._kept:
+            with contextlib.suppress(Exception):
+                await self._kept.pop()[0].close()
+
+
+async def discard(conn: AsyncConnection) -> None:
+    """Drop a connection that failed: never back into the pool as it is."""
+    with contextlib.suppress(Exception):
+        await conn.invalidate()
+    with contextlib.suppress(Exception):
+        await conn.close()
 
 
 class SqlEngine:
@@ -283,6 +344,14 @@ class BatchHeaders(dict[Any, dict[str, str]]):
             decoded = self[value] = (json.loads(value) if isinstance(value, str | bytes)
                                      else value) or {}
         return dict(decoded)
+
+
+def leased_delivery(message: NewMessage, msg_id: int, now: datetime,
+                    lease_expires_at: datetime) -> Delivery:
+    """The delivery of a message published already acquired (``insert_leased``): the row
+    an acquire at ``now`` would have left, its first delivery."""
+    return Delivery(msg_id, message.queue, dict(message.headers), message.payload, 0, 1, now,
+                    now, now, lease_expires_at, now, [])
 
 
 class BatchTimes(dict[Any, datetime]):

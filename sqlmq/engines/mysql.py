@@ -23,10 +23,43 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..records import Delivery, Settlement
-from .base import ArchiveAndStatsMixin, BatchHeaders, BatchTimes, SqlEngine, ready_order
+from ..records import Delivery, NewMessage, Settlement
+from .base import (
+    ArchiveAndStatsMixin,
+    BatchHeaders,
+    BatchTimes,
+    KeptConnections,
+    SqlEngine,
+    discard,
+    leased_delivery,
+    ready_order,
+)
 
 NOW = "UTC_TIMESTAMP(6)"
+
+# The hot path's connections are in autocommit (see KeptConnections): a packet that needs a
+# transaction opens and commits it itself, so that the COMMIT travels with the statements.
+_BEGIN: tuple[str, Sequence[Any]] = ("START TRANSACTION", ())
+_COMMIT: tuple[str, Sequence[Any]] = ("COMMIT", ())
+
+# A single publish: the INSERT commits itself, and the id comes back in the same packet.
+_INSERT_ONE = f"""
+INSERT INTO {{m}} (queue, headers, payload, state, attempts_count, deliveries_count,
+                   created_at, next_attempt_at)
+VALUES (%s, %s, %s, 'PENDING', 0, 0, {NOW}, {NOW} + INTERVAL %s MICROSECOND)
+"""
+_LAST_ID: tuple[str, Sequence[Any]] = ("SELECT LAST_INSERT_ID()", ())
+
+# A single publish handed straight to an idle subscriber of this process: the row is written
+# as an acquire would leave it (see Broker.publish_batch), at one clock reading.
+_INSERT_LEASED = (
+    f"SET @sqlmq_now = {NOW}",
+    """INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+                   created_at, first_attempt_at, acquired_at, next_attempt_at, lease_expires_at)
+VALUES (%s, %s, %s, 'PROCESSING', 0, 1, @sqlmq_now, @sqlmq_now, @sqlmq_now, NULL,
+        @sqlmq_now + INTERVAL %s MICROSECOND)""",
+    "SELECT LAST_INSERT_ID(), CAST(@sqlmq_now AS DATETIME(6))",
+)
 
 # ---- acquire: one packet, one transaction ---------------------------------------------------
 #
@@ -154,7 +187,7 @@ WHERE id IN :ids
 """
 
 
-class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
+class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
     dialect = "mysql"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -173,6 +206,8 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
                 ("delete", _DELETE), ("update", _UPDATE), ("clear", _CLEAR_INPUT),
             )
         }
+        self._insert_one_sql = _INSERT_ONE.format(**names)
+        self._insert_leased_sql = tuple(q.format(**names) for q in _INSERT_LEASED)
         self._max_batch: int | None = None
         # asyncmy always allows several statements per packet; another driver (aiomysql, on
         # an engine the caller built) gets them one at a time, in the same transaction.
@@ -186,18 +221,41 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             limit = min(limit, int(rows[0][0]))
         return max(1, limit // _ID_BYTES)
 
+    async def insert_one(self, message: NewMessage) -> int:
+        """Publish one message (``at`` unset) on a kept connection: one round trip, the
+        INSERT committing itself, where the general path's pool checkout, INSERT and COMMIT
+        take three."""
+        delay = round(message.delay * 1_000_000)
+        args = [message.queue, json.dumps(message.headers), message.payload, delay]
+        ((row,),) = await self._packet([(self._insert_one_sql, args), _LAST_ID], keep=[1])
+        return int(row[0])
+
+    async def insert_leased(self, message: NewMessage, lease: float) -> Delivery:
+        """Publish one message already acquired, for a subscriber of this process."""
+        us = round(lease * 1_000_000)
+        clock, insert, read = self._insert_leased_sql
+        ((row,),) = await self._packet([
+            (clock, ()),
+            (insert, [message.queue, json.dumps(message.headers), message.payload, us]),
+            (read, ()),
+        ], keep=[2])
+        now = _utc(row[1])
+        return leased_delivery(message, int(row[0]), now, now + timedelta(microseconds=us))
+
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
-        async with self.db.begin() as conn:
-            if self._max_batch is None:
-                self._max_batch = await self._id_list_limit(conn)
-            lock, read, take = self._take_packet
-            marks = ", ".join(["%s"] * len(queues))
-            packet = [
-                (lock.replace("{queues}", marks), [*queues, min(limit, self._max_batch)]),
-                (read, []),
-                (take, [round(lease * 1_000_000)]),
-            ]
-            _, rows, _ = await _run(conn, packet, self._multi)
+        if self._max_batch is None:
+            conn = await self._checkout()
+            self._max_batch = await self._id_list_limit(conn)
+            await self._checkin(conn)
+        lock, read, take = self._take_packet
+        marks = ", ".join(["%s"] * len(queues))
+        (rows,) = await self._packet([
+            _BEGIN,
+            (lock.replace("{queues}", marks), [*queues, min(limit, self._max_batch)]),
+            (read, []),
+            (take, [round(lease * 1_000_000)]),
+            _COMMIT,
+        ], keep=[2])
         if not rows:
             return []
         now = _utc(rows[0][10])
@@ -227,18 +285,32 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         if not settlements:
             return set()
         sql = self._settle_sql
-        packet: list[tuple[str, list[Any]]] = [
-            (sql["set"], [self.settlement_json(settlements)]), (sql["lock"], []),
+        packet: list[tuple[str, Sequence[Any]]] = [
+            _BEGIN, (sql["set"], [self.settlement_json(settlements)]), (sql["lock"], []),
         ]
         outcomes = {s.outcome.value for s in settlements}
         if outcomes & {"COMPLETED", "FAILED"}:
             packet += [(sql["archive"], []), (sql["delete"], [])]
         if outcomes & {"RETRY", "RELEASE"}:
             packet.append((sql["update"], []))
-        packet.append((sql["clear"], []))
-        async with self.db.begin() as conn:
-            results = await _run(conn, packet, self._multi)
-        return {r[0] for r in results[1]}
+        packet += [(sql["clear"], []), _COMMIT]
+        (locked,) = await self._packet(packet, keep=[2])
+        return {r[0] for r in locked}
+
+    async def _packet(self, statements: list[tuple[str, Sequence[Any]]],
+                      keep: Sequence[int]) -> list[list[Any]]:
+        """``statements`` in one packet on a kept autocommit connection (a transaction, when
+        they open and commit one themselves); the rows of the statements at ``keep``."""
+        conn = await self._checkout()
+        try:
+            results = await _run(conn, statements, self._multi)
+        except BaseException:
+            # Whatever failed, the server may hold the transaction open: closing the
+            # connection ends it, with its locks.
+            await discard(conn)
+            raise
+        await self._checkin(conn)
+        return [results[i] for i in keep]
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
         if not leases:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -11,7 +10,7 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..publishing import (
     PG_COPY_COLUMNS,
@@ -24,7 +23,14 @@ from ..publishing import (
 from ..records import Delivery, NewMessage, Settlement
 from ..schema import Schema
 from ..states import Outcome
-from .base import ArchiveAndStatsMixin, BatchHeaders, BatchTimes, SqlEngine
+from .base import (
+    ArchiveAndStatsMixin,
+    BatchHeaders,
+    BatchTimes,
+    KeptConnections,
+    SqlEngine,
+    discard,
+)
 
 # The second condition on m.id is for the planner: without it, a ready CTE of a few hundred
 # rows is hash-joined to a sequential scan of the whole backlog; with it, the rows are
@@ -145,7 +151,7 @@ _SEQUENCE = "SELECT pg_get_serial_sequence($1, 'id')"
 _RECOVERY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext(:key))"
 
 
-class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
+class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
     dialect = "postgresql"
 
     def __init__(self, db: AsyncEngine, schema: Schema) -> None:
@@ -160,8 +166,6 @@ class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
         self._settle = self._numbered(_SETTLE, SETTLE_PARAMS)
         self._reserve: str | None = None  # the statement that precedes a COPY
         self._can_copy = True  # False once the id column turns out to have no sequence
-        self._idle: list[AsyncConnection] = []
-        self._closed = False
 
     def _numbered(self, statement: str, params: Sequence[str]) -> str:
         return numbered(statement.format(**self.names), params)
@@ -224,7 +228,7 @@ class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
             ids = plan.ids(await conn.execute(plan.statement, plan.params))
             await conn.commit()
         except BaseException:
-            await _discard(conn)
+            await discard(conn)
             raise
         await self._checkin(conn)
         return ids
@@ -255,10 +259,10 @@ class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
                     source=pg_copy_data(messages, ids, created_at, next_attempt_at),
                 )
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            await _discard(conn)
+            await discard(conn)
             raise _as_sqlalchemy_error(exc, statement, self.db.dialect) from exc
         except BaseException:
-            await _discard(conn)
+            await discard(conn)
             raise
         await self._checkin(conn)
         return ids
@@ -271,37 +275,13 @@ class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
             raw = await conn.get_raw_connection()
             rows = await raw.driver_connection.fetch(statement, *args)
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            await _discard(conn)
+            await discard(conn)
             raise _as_sqlalchemy_error(exc, statement, self.db.dialect) from exc
         except BaseException:
-            await _discard(conn)
+            await discard(conn)
             raise
         await self._checkin(conn)
         return rows
-
-    # The hot path keeps a few connections checked out of the pool and reuses them: the
-    # pool's pre-ping would cost three round trips per call. A connection that fails is
-    # closed instead, and the caller's retry gets a fresh one.
-
-    async def _checkout(self) -> AsyncConnection:
-        if self._idle:
-            return self._idle.pop()
-        conn = await self.db.connect()
-        await conn.execution_options(isolation_level="AUTOCOMMIT")
-        return conn
-
-    async def _checkin(self, conn: AsyncConnection) -> None:
-        if self._closed or len(self._idle) >= _KEEP_IDLE:
-            await conn.close()
-        else:
-            self._idle.append(conn)
-
-    async def close(self) -> None:
-        """Return the connections the hot path keeps to the pool."""
-        self._closed = True
-        while self._idle:
-            with contextlib.suppress(Exception):
-                await self._idle.pop().close()
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
         if not leases:
@@ -320,15 +300,6 @@ class PostgresEngine(ArchiveAndStatsMixin, SqlEngine):
             result = await conn.execute(self.sql(_RECOVER), {"limit": limit, "spread": spread})
             return [r[0] for r in result]
 
-
-_KEEP_IDLE = 4  # connections the hot path keeps between calls
-
-
-async def _discard(conn: AsyncConnection) -> None:
-    with contextlib.suppress(Exception):
-        await conn.invalidate()
-    with contextlib.suppress(Exception):
-        await conn.close()
 
 def _as_sqlalchemy_error(exc: Exception, statement: str, dialect: Any) -> Exception:
     """asyncpg's error as SQLAlchemy would raise it for the same failure (IntegrityError,

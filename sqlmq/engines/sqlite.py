@@ -19,9 +19,19 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ..connect import write_turn
 from ..records import Delivery, NewMessage, Settlement
 from ..sqltime import SQLITE_NOW, sqlite_now_plus
-from .base import ArchiveAndStatsMixin, BatchHeaders, BatchTimes, SqlEngine, ready_order
+from .base import (
+    ArchiveAndStatsMixin,
+    BatchHeaders,
+    BatchTimes,
+    KeptConnections,
+    SqlEngine,
+    discard,
+    leased_delivery,
+    ready_order,
+)
 
 NOW = SQLITE_NOW
 
@@ -100,6 +110,16 @@ VALUES (:queue, :headers, :payload, 'PENDING', 0, 0, {NOW}, {sqlite_now_plus(':d
 RETURNING id
 """
 
+# A single publish handed straight to an idle subscriber of this process: the row is written
+# as an acquire would leave it (see Broker.publish_batch).
+_INSERT_LEASED = f"""
+INSERT INTO {{m}} (queue, headers, payload, state, attempts_count, deliveries_count,
+                   created_at, first_attempt_at, acquired_at, next_attempt_at, lease_expires_at)
+VALUES (:queue, :headers, :payload, 'PROCESSING', 0, 1, {NOW}, {NOW}, {NOW}, NULL,
+        {sqlite_now_plus(':lease')})
+RETURNING id, created_at, lease_expires_at
+"""
+
 _EXTEND = f"""
 UPDATE {{m}} AS m SET lease_expires_at = {sqlite_now_plus(':seconds')}
 FROM (SELECT value->>0 AS id, value->>1 AS deliveries FROM json_each(:leases)) AS i
@@ -129,8 +149,9 @@ RETURNING id
 """
 
 
-class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
+class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
     dialect = "sqlite"
+    AUTOCOMMIT = False  # the driver's connections already are: no BEGIN unless sent
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -144,14 +165,37 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         self._delete_sql = _DELETE.format(**names)
         self._update_sql = _UPDATE.format(**names)
         self._insert_one_sql = _INSERT_ONE.format(**names)
+        self._insert_leased_sql = _INSERT_LEASED.format(**names)
 
     async def insert_one(self, message: NewMessage) -> int:
         """Publish one message (``at`` unset) in its own transaction, straight on aiosqlite."""
         params = {"queue": message.queue, "headers": json.dumps(message.headers),
                   "payload": message.payload, "delay": message.delay}
-        async with self.db.begin() as conn:
-            ((msg_id,),) = await _fetch(conn, self._insert_one_sql, params)
+        ((msg_id,),) = await self._alone(self._insert_one_sql, params)
         return int(msg_id)
+
+    async def _alone(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        """One statement that commits by itself, on a kept connection, in this process's
+        write turn: one trip to the driver's thread, where BEGIN IMMEDIATE, the statement
+        and COMMIT take three (and a pool checkout a rollback more)."""
+        conn = await self._checkout()
+        try:
+            async with write_turn(self.db):
+                rows = await _fetch(conn, sql, params)
+        except BaseException:
+            await discard(conn)
+            raise
+        await self._checkin(conn)
+        return rows
+
+    async def insert_leased(self, message: NewMessage, lease: float) -> Delivery:
+        """Publish one message already acquired, for a subscriber of this process."""
+        params = {"queue": message.queue, "headers": json.dumps(message.headers),
+                  "payload": message.payload, "lease": lease}
+        ((msg_id, created_at, lease_expires_at),) = await self._alone(
+            self._insert_leased_sql, params)
+        return leased_delivery(message, int(msg_id), _stored_time(created_at),
+                               _stored_time(lease_expires_at))
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         # One queue reads the ready index in order; a list of queues (json_each) makes

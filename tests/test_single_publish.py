@@ -1,0 +1,83 @@
+"""SQLite and MariaDB: a single publish on sqlmq's own engine takes a short path straight on
+the driver, on a kept connection (``insert_one``); its row must be the one the general
+INSERT writes, and a kept connection must never turn a publish into an error."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from sqlalchemy.exc import DBAPIError
+
+from sqlmq import Broker
+
+from .conftest import rows
+
+SAME = ("queue", "headers", "payload", "state", "attempts_count", "deliveries_count",
+        "acquired_at", "first_attempt_at", "last_attempt_at", "lease_expires_at", "last_error",
+        "history")
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb"])
+@pytest.mark.parametrize("delay", [None, 90.5])
+async def test_single_publish_writes_the_row_a_batch_publish_writes(
+    broker: Broker, delay: float | None
+) -> None:
+    body = {"n": 1, "text": "é\x00"}
+    headers = {"k": "v", "é": "ü"}
+    one = await broker.publish("jobs", body, headers=headers, delay=delay)
+    general = (await broker.publish_batch("jobs", [body, body], headers=headers,
+                                          delay=delay))[0]
+    (a,), (b,) = [await rows(broker, id=i) for i in (one, general)]
+    assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+    for row in (a, b):
+        wait = row["next_attempt_at"] - row["created_at"]
+        assert abs(wait - timedelta(seconds=delay or 0)) < timedelta(milliseconds=1)
+    assert abs(a["created_at"] - b["created_at"]) < timedelta(seconds=5)
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb"])
+async def test_single_publish_to_a_missing_table_fails_clearly(broker: Broker) -> None:
+    other = Broker(broker.db.url.render_as_string(hide_password=False),
+                   table_prefix="nosuch_")
+    try:
+        with pytest.raises(DBAPIError, match=r"no such table: nosuch_message|"
+                                              r"nosuch_message' doesn't exist"):
+            await other.publish("jobs", "x")
+        # The failed connection was not kept: the next publish fails the same way.
+        with pytest.raises(DBAPIError, match="nosuch_message"):
+            await other.publish("jobs", "x")
+    finally:
+        await other.close()
+
+
+@pytest.mark.parametrize("db_kind", ["mariadb"])
+async def test_a_kept_connection_idle_too_long_goes_back_through_the_pool(
+    broker: Broker,
+) -> None:
+    """A kept connection the server dropped while it sat idle (a restart, wait_timeout) is
+    not used again as it is: after ``KEEP_FOR`` seconds it returns to the pool, whose
+    pre-ping replaces it, and the publish succeeds."""
+    engine = broker.engine
+    await broker.publish("jobs", "first")
+    ((conn, _),) = engine._kept  # type: ignore[attr-defined]
+    raw = (await conn.get_raw_connection()).driver_connection
+    thread_id = raw.thread_id() if callable(raw.thread_id) else raw.thread_id
+    async with broker.db.connect() as killer:
+        await killer.exec_driver_sql(f"KILL CONNECTION {int(thread_id)}")
+    engine.KEEP_FOR = 0.05  # type: ignore[attr-defined]
+    await asyncio.sleep(0.1)
+
+    second = await broker.publish("jobs", "second")
+
+    assert [r["id"] for r in await rows(broker)][-1] == second
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb", "postgresql"])
+async def test_close_returns_the_kept_connections(broker: Broker) -> None:
+    await asyncio.gather(*(broker.publish("jobs", str(i)) for i in range(3)))
+    assert broker.engine._kept  # type: ignore[attr-defined]
+    engine = broker.engine
+    await broker.close()
+    assert engine._kept == []  # type: ignore[attr-defined]
