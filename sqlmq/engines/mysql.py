@@ -245,7 +245,11 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         if self._max_batch is None:
             conn = await self._checkout()
-            self._max_batch = await self._id_list_limit(conn)
+            try:
+                self._max_batch = await self._id_list_limit(conn)
+            except BaseException:
+                await discard(conn)
+                raise
             await self._checkin(conn)
         lock, read, take = self._take_packet
         marks = ", ".join(["%s"] * len(queues))
