@@ -189,7 +189,7 @@ def pg_insert(schema: Schema, messages: list[NewMessage]) -> tuple[str, dict[str
     """PostgreSQL's insert (``:named`` parameters) and its parameters; the statement
     returns one row holding every new id, sorted."""
     first = messages[0]
-    when = ":at" if first.at is not None else pg_now_plus(":delay")
+    when = "CAST(:at AS TIMESTAMPTZ)" if first.at is not None else pg_now_plus(":delay")
     sets, keys = _headers_sets(messages)
     params: dict[str, Any] = {
         "queue": first.queue,

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine as SyncEngine
@@ -173,16 +174,25 @@ def run_cli(*args: str) -> CliResult:
 
 @contextmanager
 def counting_inserts(engine: SyncEngine) -> Iterator[list[str]]:
-    """The INSERT statements that go through SQLAlchemy on ``engine`` meanwhile (the
-    PostgreSQL COPY path sends none)."""
+    """The INSERT statements sent meanwhile, through SQLAlchemy on ``engine`` or straight
+    to asyncpg as sqlmq's PostgreSQL publish does (the COPY path sends none)."""
     statements: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if "INSERT" in statement.upper():
             statements.append(statement)
 
+    fetch = asyncpg.Connection.fetch
+
+    async def fetch_recorded(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        if "INSERT" in query.upper():
+            statements.append(query)
+        return await fetch(self, query, *args, **kwargs)
+
     event.listen(engine, "before_cursor_execute", record)
+    asyncpg.Connection.fetch = fetch_recorded  # type: ignore[method-assign]
     try:
         yield statements
     finally:
+        asyncpg.Connection.fetch = fetch  # type: ignore[method-assign]
         event.remove(engine, "before_cursor_execute", record)

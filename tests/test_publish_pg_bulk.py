@@ -105,7 +105,7 @@ async def test_bulk_and_small_batches_write_identical_rows(broker: Broker) -> No
     with counting_inserts(broker.db.sync_engine) as inserts:
         small = await broker.publish_batch("q", bodies[: PG_COPY_MIN - 1], headers={"h": "v"})
         bulk = await broker.publish_batch("q", bodies, headers={"h": "v"})
-    assert len(inserts) == 1  # only the small one went through SQLAlchemy
+    assert len(inserts) == 1  # only the small one went as an INSERT
     by_id = {r["id"]: r for r in await rows(broker)}
     keep = ("queue", "headers", "payload", "state", "attempts_count", "deliveries_count",
             "first_attempt_at", "last_attempt_at", "acquired_at", "lease_expires_at",

@@ -31,6 +31,7 @@ from .base import (
     KeptConnections,
     SqlEngine,
     discard,
+    driver_connection,
     leased_delivery,
     ready_order,
 )
@@ -371,7 +372,7 @@ async def _run(
     """
     sql = ";\n".join(q for q, _ in statements)
     try:
-        cursor = (await conn.get_raw_connection()).driver_connection.cursor()
+        cursor = (await driver_connection(conn)).cursor()
         results: list[list[Any]] = []
         if multi:
             await cursor.execute(sql, [a for _, args in statements for a in args])

@@ -29,6 +29,7 @@ from .base import (
     KeptConnections,
     SqlEngine,
     discard,
+    driver_connection,
     leased_delivery,
     ready_order,
 )
@@ -269,7 +270,7 @@ async def _fetch(conn: AsyncConnection, sql: str, params: Mapping[str, Any]) -> 
     driver's thread and plain tuples back, where SQLAlchemy's cursor takes three trips and
     processes every value. Errors come out wrapped as SQLAlchemy's, like the others."""
     try:
-        raw = (await conn.get_raw_connection()).driver_connection
+        raw = await driver_connection(conn)
         return list(await raw.execute_fetchall(sql, params))
     except sqlite3.Error as exc:
         raise DBAPIError.instance(sql, None, exc, sqlite3.Error,
