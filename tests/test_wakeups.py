@@ -1,14 +1,17 @@
 """Wake-ups: a subscriber that has backed off to long polls still sees a new message at once.
 
 In one process the publish wakes its own subscribers (every database); across processes
-and connections PostgreSQL's NOTIFY does it. Each test first lets the subscriber idle long
-enough that its next poll is seconds away (``max_fetch_interval=30``: the wait doubles
-from 5 ms), so a message that arrives well before that poll can only have been woken.
+and connections PostgreSQL's NOTIFY does it, and on SQLite the file's commit counter.
+Each test first lets the subscriber idle long enough that its next poll is seconds away
+(``max_fetch_interval=30``: the wait doubles from 5 ms), so a message that arrives well
+before that poll can only have been woken.
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 from sqlalchemy import text
@@ -18,6 +21,7 @@ from sqlmq import Broker, Message
 from sqlmq.notify import Listener
 
 from .conftest import wait_until
+from .procs import ROOT
 
 IDLE = 6.0  # by now the subscriber's next poll is about 10 s after its start
 SOON = 3.0  # well before that poll, on a slow machine too
@@ -157,3 +161,69 @@ async def test_rolled_back_publish_sends_no_wake_up(broker: Broker) -> None:
     await wait_until(lambda: "marker" in woken, message="the committed publish's NOTIFY")
     assert woken == ["marker"]
     assert handled == []
+
+
+_PUBLISH_ON_CUE = """
+import asyncio, sys
+from sqlmq import Broker
+
+async def main():
+    broker = Broker(sys.argv[1], table_prefix=sys.argv[2])
+    await broker.stats()  # connected, and the file open, before the cue
+    print("ready", flush=True)
+    sys.stdin.readline()
+    print(await broker.publish("wake", "from another process"), flush=True)
+    await broker.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_commit_in_another_process_wakes_an_idle_sqlite_subscriber(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    publisher = subprocess.Popen(
+        [sys.executable, "-c", _PUBLISH_ON_CUE, db_url, prefix], cwd=ROOT,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert publisher.stdin is not None and publisher.stdout is not None
+        assert await asyncio.to_thread(publisher.stdout.readline) == "ready\n"
+        handled: list[int] = []
+        _subscribe(broker, handled)
+        await broker.start()
+        await asyncio.sleep(IDLE)  # the next poll is at about 10 s
+
+        publisher.stdin.write("go\n")
+        publisher.stdin.flush()
+        msg_id = int(await asyncio.to_thread(publisher.stdout.readline))
+
+        await wait_until(lambda: handled == [msg_id], timeout=2.0,
+                         message="the delivery woken by the commit counter")
+    finally:
+        publisher.kill()
+        publisher.wait()
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_idle_sqlite_subscriber_watching_commits_still_backs_off(broker: Broker) -> None:
+    """Reading the commit counter must not turn into an acquire every few milliseconds:
+    the subscriber's own acquires and the broker's other loops change nothing it reacts to."""
+    acquires = 0
+    acquire = broker.engine.acquire
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal acquires
+        acquires += 1
+        return await acquire(*args, **kwargs)  # type: ignore[arg-type]
+
+    broker.engine.acquire = counted  # type: ignore[method-assign]
+
+    @broker.subscriber("quiet", max_fetch_interval=1.0)
+    async def handle(msg: Message) -> None:
+        pass
+
+    await broker.start()
+    await asyncio.sleep(4.0)
+    # Backing off from 5 ms: 5, 10, 20, ... 640 ms, then once a second: about 11 in 4 s.
+    assert acquires <= 16, acquires

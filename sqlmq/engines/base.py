@@ -72,6 +72,12 @@ class Engine(Protocol):
     async def now(self) -> datetime:
         ...
 
+    def commit_counter(self) -> Callable[[], int | None] | None:
+        """A cheap reading that changes whenever any connection, in any process, commits a
+        write (None as a reading: it could not tell), so an idle subscriber can look far
+        more often than it could acquire; None where the database offers no such thing."""
+        ...
+
 
 class KeptConnections:
     """A few autocommit connections the hot path keeps checked out of the pool and reuses.
@@ -157,6 +163,9 @@ class SqlEngine:
         self._types.update({c.name: c.type for c in schema.archive.c})
         self._types["scheduled_at"] = UTCDateTime()
         self._types["db_now"] = UTCDateTime()
+
+    def commit_counter(self) -> Callable[[], int | None] | None:
+        return None  # PostgreSQL has LISTEN; MySQL nothing as cheap as its acquire
 
     def sql(self, statement: str, *result_columns: str) -> TextClause:
         """A text statement with table names filled in and result columns typed."""
