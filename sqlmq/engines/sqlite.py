@@ -168,7 +168,6 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         self._update_sql = _UPDATE.format(**names)
         self._insert_one_sql = _INSERT_ONE.format(**names)
         self._insert_leased_sql = _INSERT_LEASED.format(**names)
-
         self._commits: CommitWatch | None = None
 
     def commit_counter(self) -> Callable[[], int | None] | None:
