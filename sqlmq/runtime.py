@@ -21,7 +21,6 @@ plus ``max_unflushed``: when flushing keeps failing, workers wait and fetching s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import operator
 from collections.abc import Callable
@@ -232,13 +231,10 @@ class SubscriberRuntime:
         has a commit counter (SQLite), until it moves: some connection committed, most
         likely another process's publish. Without it, work from another process waits for
         the poll, which backs off to ``max_fetch_interval`` while the queue is idle."""
-        if commits is None or wait <= COMMIT_WATCH_INTERVAL:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wakeup.wait(), wait)
-            return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        step = min(COMMIT_WATCH_IDLE, max(COMMIT_WATCH_INTERVAL, (now - self._last_work) / 20))
+        step = wait if commits is None else min(
+            COMMIT_WATCH_IDLE, max(COMMIT_WATCH_INTERVAL, (now - self._last_work) / 20))
         deadline = now + wait
         while (left := deadline - loop.time()) > 0:
             try:
@@ -246,7 +242,7 @@ class SubscriberRuntime:
                 return
             except TimeoutError:
                 pass
-            if commits() != seen:
+            if commits is not None and commits() != seen:
                 return
 
     # ---- direct hand-over ----------------------------------------------------------------
