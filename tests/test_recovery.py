@@ -92,6 +92,10 @@ async def test_extend_keeps_a_delivery_past_its_lease_and_reports_a_lost_one(
     try:
         row = await archived(broker, msg_id)
         await wait_until(lambda: broker.runtimes[0].counters.stale == 1, message="stale ack")
+        # The archived row is visible at COMMIT, a moment before the flush that wrote it
+        # returns and counts it.
+        await wait_until(lambda: broker.runtimes[0].counters.completed >= 1,
+                         message="the completion counted")
     finally:
         await rescuer.close()
 
