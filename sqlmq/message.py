@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Generator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -92,11 +93,16 @@ class Message:
             )
         self._decision = decision
 
-    async def ack(self) -> None:
+    # ack, nack and reject record the decision when called, and return an awaitable that is
+    # already done: ``await msg.ack()`` in an async handler and a plain ``msg.ack()`` in a
+    # sync one (run in a thread) both settle the message. The write itself is batched.
+
+    def ack(self) -> Awaitable[None]:
         """Archive as COMPLETED."""
         self._decide(Decision("ack"))
+        return _DONE
 
-    async def nack(self, delay: float | timedelta | None = None) -> None:
+    def nack(self, delay: float | timedelta | None = None) -> Awaitable[None]:
         """Ask for a retry; the retry strategy decides whether one is left. ``delay``
         overrides the strategy's delay."""
         if isinstance(delay, timedelta):
@@ -106,10 +112,12 @@ class Message:
         if delay is not None and not delay <= MAX_DELAY:
             raise ValueError(f"nack delay of {delay}s is over the limit of {MAX_DELAY:.0f}s")
         self._decide(Decision("nack", delay=delay))
+        return _DONE
 
-    async def reject(self, reason: str | None = None) -> None:
+    def reject(self, reason: str | None = None) -> Awaitable[None]:
         """Archive as FAILED at once, with ``reason`` as the error."""
         self._decide(Decision("reject", reason=reason))
+        return _DONE
 
     async def extend(self, seconds: float) -> bool:
         """Push this delivery's lease to now + ``seconds``; False if it was lost already."""
@@ -123,3 +131,20 @@ class Message:
 
 
 _UNSET: Any = object()
+
+
+class _Done:
+    """An awaitable that is already complete (``await`` returns None at once); unlike a
+    coroutine, nothing is lost, and no warning given, when a sync handler never awaits it."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+    def __repr__(self) -> str:
+        return "<settled>"
+
+
+_DONE = _Done()

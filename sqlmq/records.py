@@ -40,6 +40,10 @@ class Delivery:
     lease_expires_at: datetime
     scheduled_at: datetime | None
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: Why the row could not be decoded (None: it could). Such a delivery carries only its
+    #: id, queue and counters; the runtime archives it FAILED with this reason without
+    #: running a handler, so one malformed row never holds the rest of its batch back.
+    defect: str | None = None
 
 
 @dataclass(slots=True)  # not frozen, like NewMessage: one is built per message handled
@@ -73,8 +77,8 @@ def history_entry(
     entry: dict[str, Any] = {"delivery": delivery, "ended": ended}
     if at is not None:
         entry["at"] = at.isoformat()
-    if error:
-        entry["error"] = error[:500]
+    if error:  # its first line: a handler's traceback stays in the error column only
+        entry["error"] = error.split("\n", 1)[0][:500]
     return entry
 
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from .backoff import Backoff, describe
 from .engines.base import Engine
@@ -62,8 +64,39 @@ class RuntimeCounters:
 
 
 def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """One line naming the error. ``str()`` of a user's exception may itself fail: that
+    must not take the worker down with it."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the exception failed>"
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return _storable(text[:2000])
+
+
+#: How much of a handler's traceback the archive keeps (its last lines: where it failed).
+TRACEBACK_LIMIT = 4096
+
+
+def _failure_text(exc: BaseException) -> str:
+    """What a failed handler leaves in the error column: the one line of :func:`_error_text`,
+    then the traceback, bounded to its last ``TRACEBACK_LIMIT`` characters."""
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    if len(trace) > TRACEBACK_LIMIT:
+        trace = "…" + trace[-TRACEBACK_LIMIT:]
+    return f"{_error_text(exc)}\n\n{_storable(trace)}"
+
+
+def _log_failure(level: int, text: str, error: BaseException) -> None:
+    """Log ``text`` with ``error``'s traceback. A user's exception may carry text no log
+    stream can encode (a lone surrogate): the record would then fail in every handler that
+    writes it (and crash a test runner's worker). Such a traceback is logged escaped, as the
+    archive stores it, instead of as ``exc_info``."""
+    trace = "".join(traceback.format_exception(error))
+    if _storable(trace) == trace:
+        log.log(level, "%s", text, exc_info=error)
+    else:
+        log.log(level, "%s\n%s", _storable(text), _storable(trace.rstrip()))
 
 
 def _storable(text: str) -> str:
@@ -83,6 +116,9 @@ class SubscriberRuntime:
         self._buffer: asyncio.Queue[Delivery | None] = asyncio.Queue()
         self._held: dict[Key, Delivery] = {}
         self._lost: set[Key] = set()
+        #: Deliveries whose result was in a settle that failed: it may have committed all
+        #: the same (the reply lost with the connection), see _settle.
+        self._in_doubt: set[Key] = set()
         self._results: list[Settlement] = []
         self._space = asyncio.Event()
         self._flushed = asyncio.Event()
@@ -110,20 +146,29 @@ class SubscriberRuntime:
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        self._fetch_task = asyncio.create_task(
-            self._fetch_loop(), name=f"sqlmq-fetch {self.name}"
-        )
-        self._workers = [
-            asyncio.create_task(self._worker(), name=f"sqlmq-worker-{i} {self.name}")
-            for i in range(self.cfg.workers)
-        ]
-        self._flush_task = asyncio.create_task(
-            self._flush_loop(), name=f"sqlmq-flush {self.name}"
-        )
+        self._fetch_task = self._loop_task(self._fetch_loop, f"sqlmq-fetch {self.name}")
+        self._workers = [self._start_worker(i) for i in range(self.cfg.workers)]
+        self._flush_task = self._loop_task(self._flush_loop, f"sqlmq-flush {self.name}")
         if self.cfg.renew_leases:
-            self._lease_task = asyncio.create_task(
-                self._lease_loop(), name=f"sqlmq-lease {self.name}"
-            )
+            self._lease_task = self._loop_task(self._lease_loop, f"sqlmq-lease {self.name}")
+
+    def _loop_task(self, loop: Callable[[], Coroutine[Any, Any, None]],
+                   name: str) -> asyncio.Task[None]:
+        return asyncio.create_task(self._restarting(loop, name), name=name)
+
+    async def _restarting(self, loop: Callable[[], Coroutine[Any, Any, None]],
+                          name: str) -> None:
+        """Run a background loop; an error it did not expect is logged with its traceback
+        and the loop starts again a second later, instead of the task ending unseen."""
+        while True:
+            try:
+                return await loop()
+            except Exception as exc:
+                if self._stopping:
+                    raise
+                log.error("%s failed: %s; restarting it in %.0f s", name, _error_text(exc),
+                          LOOP_RESTART_DELAY, exc_info=exc)
+            await asyncio.sleep(LOOP_RESTART_DELAY)
 
     async def stop(self, graceful_timeout: float | None = None) -> None:
         """Stop fetching, give unstarted messages back, let running handlers finish within
@@ -283,18 +328,66 @@ class SubscriberRuntime:
             self._space.set()
             if d is None:
                 return
-            key = (d.id, d.deliveries)
-            if key in self._lost:  # the lease was lost before we started: not ours to run
-                self._lost.discard(key)
-                self._held.pop(key, None)
-                continue
-            if not self._open.is_set():  # a suspect runs alone: hand this one back
-                self._results.append(_release_unstarted(d))
-                continue
-            if _is_suspect(d) and not self._exceeds_max_deliveries(d):
-                await self._run_quarantined(d)
-                continue
-            await self._record(await self._run(d))
+            try:
+                await self._take(d)
+            except Exception as exc:
+                await self._worker_failed(d, exc)
+            except BaseException:
+                if not self._stopping:  # stop() gives back what it cut short itself
+                    self._abandon(d, "its worker was cancelled")
+                raise
+
+    async def _take(self, d: Delivery) -> None:
+        key = (d.id, d.deliveries)
+        if key in self._lost:  # the lease was lost before we started: not ours to run
+            self._lost.discard(key)
+            self._held.pop(key, None)
+            return
+        if not self._open.is_set():  # a suspect runs alone: hand this one back
+            self._results.append(_release_unstarted(d))
+            return
+        if _is_suspect(d) and not self._exceeds_max_deliveries(d):
+            await self._run_quarantined(d)
+            return
+        await self._record(await self._run(d))
+
+    async def _worker_failed(self, d: Delivery, exc: Exception) -> None:
+        """A fault of sqlmq's own (or one no handler guard caught) while handling ``d``: log
+        it with its traceback, give the delivery back and carry on with the next message,
+        rather than let the worker task end unseen while its lease is renewed for ever."""
+        log.error("worker of %s failed handling message %d (delivery %d): %s; giving the "
+                  "message back and carrying on", self.name, d.id, d.deliveries,
+                  _error_text(exc), exc_info=exc)
+        self._abandon(d, f"sqlmq failed handling it: {_error_text(exc)}")
+
+    def _abandon(self, d: Delivery, reason: str) -> None:
+        """Give ``d`` back (PENDING, a delivery spent, after ``ABANDON_DELAY``) unless a result
+        is already waiting or written. Its lease is no longer renewed once this is flushed;
+        ``max_deliveries`` ends a message that fails this way every time."""
+        key = (d.id, d.deliveries)
+        if key not in self._held or any(
+                (s.id, s.deliveries) == key for s in self._results):
+            return
+        self._results.append(Settlement(d.id, d.deliveries, Outcome.RELEASE, error=reason,
+                                        delay=ABANDON_DELAY, attempted=False))
+        self._flush_now.set()
+
+    def _start_worker(self, i: int) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._worker(), name=f"sqlmq-worker-{i} {self.name}")
+        task.add_done_callback(self._worker_ended)
+        return task
+
+    def _worker_ended(self, task: asyncio.Task[None]) -> None:
+        """No worker ends unseen: one that ends other than through stop() (cancelled from
+        outside, or an error the loop could not catch) is logged and replaced."""
+        if self._stopping or task not in self._workers:
+            return
+        exc = None if task.cancelled() else task.exception()
+        log.error("%s ended unexpectedly (%s); starting another in its place",
+                  task.get_name(), "cancelled" if exc is None else _error_text(exc),
+                  exc_info=exc)
+        i = self._workers.index(task)
+        self._workers[i] = self._start_worker(i)
 
     async def _record(self, settlement: Settlement) -> None:
         while len(self._results) >= self.cfg.max_unflushed:
@@ -343,8 +436,13 @@ class SubscriberRuntime:
 
     async def _process(self, d: Delivery) -> Settlement:
         cfg = self.cfg
+        if d.defect is not None:
+            return self._undecodable(d)
         if self._exceeds_max_deliveries(d):
             reason = f"max deliveries exceeded ({d.deliveries} > {cfg.max_deliveries})"
+            log.error("message %d of queue %s dead-lettered (archived FAILED) without running "
+                      "handler %s: %s; it ended %d deliveries without a result", d.id, d.queue,
+                      self.adapter.name, reason, d.deliveries - 1 - d.attempts)
             return self._fail(d, reason, "max_deliveries", attempted=False)
         msg = Message(d, self)
         error: BaseException | None = None
@@ -352,16 +450,33 @@ class SubscriberRuntime:
             await self.adapter(msg)
         except DecodeError as exc:
             if msg.decision is None:
+                log.error("message %d of queue %s dead-lettered (archived FAILED) before its "
+                          "handler ran: %s", d.id, d.queue, exc)
                 return self._fail(d, f"decode error: {exc}", "decode_error", attempted=False)
             error = exc
         except Exception as exc:
             error = exc
+        except asyncio.CancelledError as exc:
+            # Raised by the handler itself (an inner timeout, a task it awaited), not by
+            # stop(): a failure like any other, or the worker task would end with it.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            error = exc
+        settlement = self._settlement(d, msg, error)
+        if error is not None:
+            self._report(d, error, settlement)
+        return settlement
+
+    def _settlement(self, d: Delivery, msg: Message, error: BaseException | None) -> Settlement:
+        cfg = self.cfg
         decision = msg.decision
         if decision is not None:
             if decision.kind == "ack":
                 return self._complete(d, error)
             if decision.kind == "reject":
-                reason = _storable(decision.reason or (_error_text(error) if error else "rejected"))
+                reason = _storable(decision.reason or (_failure_text(error) if error
+                                                       else "rejected"))
                 return self._fail(d, reason, "rejected")
             return self._nack(d, error, decision.delay)
         if error is None:
@@ -373,12 +488,38 @@ class SubscriberRuntime:
         if cfg.ack_policy is AckPolicy.ACK:
             return self._complete(d, error)
         if cfg.ack_policy is AckPolicy.REJECT_ON_ERROR:
-            return self._fail(d, _error_text(error), "error")
+            return self._fail(d, _failure_text(error), "error")
         return self._nack(d, error, None)
+
+    def _report(self, d: Delivery, error: BaseException, s: Settlement) -> None:
+        """One log line per failed handler run, with its traceback: what failed, which
+        attempt, and what happens next. WARNING while a retry is left, ERROR when the
+        message is dead-lettered (archived FAILED)."""
+        where = (f"handler {self.adapter.name} failed on message {d.id} of queue {d.queue} "
+                 f"(attempt {d.attempts + 1}, delivery {d.deliveries}): {_error_text(error)}")
+        if s.outcome is Outcome.RETRY:
+            _log_failure(logging.WARNING, f"{where}; retrying in {s.delay:.3g}s", error)
+        elif s.outcome is Outcome.FAIL:
+            first_line = (s.error or "").split("\n", 1)[0]
+            _log_failure(logging.ERROR, f"{where}; dead-lettered (archived FAILED): "
+                         f"{first_line}", error)
+        elif s.outcome is Outcome.COMPLETE:
+            _log_failure(logging.WARNING,
+                         f"{where}; archived COMPLETED all the same (acknowledged)", error)
+        else:
+            _log_failure(logging.WARNING, f"{where}; released", error)
+
+    def _undecodable(self, d: Delivery) -> Settlement:
+        """Archive a row the engine could not decode FAILED, without running the handler.
+        Its history stays as stored (it may be the column at fault): nothing is rewritten."""
+        reason = _storable(d.defect or "undecodable row")
+        log.error("message %d of queue %s (delivery %d), %s; archiving it FAILED", d.id,
+                  d.queue, d.deliveries, reason)
+        return Settlement(d.id, d.deliveries, Outcome.FAIL, error=reason, attempted=False)
 
     def _complete(self, d: Delivery, error: BaseException | None) -> Settlement:
         return Settlement(d.id, d.deliveries, Outcome.COMPLETE,
-                          error=_error_text(error) if error else None)
+                          error=_failure_text(error) if error else None)
 
     def _fail(self, d: Delivery, reason: str, ended: str, attempted: bool = True) -> Settlement:
         history = append_history(d.history, history_entry(d.deliveries, ended, error=reason))
@@ -387,7 +528,7 @@ class SubscriberRuntime:
 
     def _nack(self, d: Delivery, error: BaseException | None, delay: float | None,
               reason: str | None = None) -> Settlement:
-        reason = reason or (_error_text(error) if error else "nacked")
+        reason = reason or (_failure_text(error) if error else "nacked")
         attempt = d.attempts + 1
         try:
             allowed = delay_seconds(self.cfg.retry, attempt, error)
@@ -426,7 +567,7 @@ class SubscriberRuntime:
         while self._results:
             batch = _one_per_message(self._results, self.cfg.flush_batch)
             try:
-                applied = await self.engine.settle(batch)
+                applied = await self._settle(batch)
             except Exception as exc:
                 if (self._flush_backoff.failures + 1 >= ISOLATE_AFTER
                         and await self._database_answers()):
@@ -440,6 +581,26 @@ class SubscriberRuntime:
             self._flush_backoff.succeeded()
             self._applied(batch, applied)
 
+    async def _settle(self, batch: list[Settlement]) -> set[int]:
+        """Settle ``batch``; the ids whose result is written, now or by an earlier try.
+
+        A settle that fails may still have committed: the server ran the COMMIT and the
+        connection died before its reply arrived (a restart, a killed connection). Retried,
+        those rows are no longer PROCESSING and the engine leaves them out, exactly as if a
+        newer delivery had taken them; counted stale, the messages would be archived but
+        never counted completed. So every result of a failed batch is in doubt until a
+        settle succeeds, and the ones it leaves out are then looked up (``landed``)."""
+        try:
+            applied = await self.engine.settle(batch)
+            doubtful = [s for s in batch
+                        if s.id not in applied and (s.id, s.deliveries) in self._in_doubt]
+            if doubtful:
+                applied = applied | await self.engine.landed(doubtful)
+        except BaseException:
+            self._in_doubt.update((s.id, s.deliveries) for s in batch)
+            raise
+        return applied
+
     def _applied(self, batch: list[Settlement], applied: set[int]) -> None:
         k = len(batch)
         if len(self._results) >= k and all(map(operator.is_, batch, self._results)):
@@ -451,6 +612,7 @@ class SubscriberRuntime:
         for s in batch:
             self._held.pop((s.id, s.deliveries), None)
             self._lost.discard((s.id, s.deliveries))
+            self._in_doubt.discard((s.id, s.deliveries))
             if s.id not in applied:
                 c.stale += 1
                 log.warning("dropped a stale result for message %d (delivery %d): its lease "
@@ -484,7 +646,7 @@ class SubscriberRuntime:
             failed = []
             for half in (batch[:mid], batch[mid:]):
                 try:
-                    applied = await self.engine.settle(half)
+                    applied = await self._settle(half)
                 except Exception:
                     failed.append(half)
                 else:
@@ -496,7 +658,7 @@ class SubscriberRuntime:
         if not progress:  # a lone result: nothing shows it is the one at fault
             return False
         try:  # it failed beside one that did not; a lock timeout deserves a second try
-            applied = await self.engine.settle(batch)
+            applied = await self._settle(batch)
         except Exception as exc:
             if await self._database_answers():
                 self._give_up(batch[0], exc)
@@ -510,6 +672,7 @@ class SubscriberRuntime:
         expires: nothing is lost, and the worker goes on with everything else."""
         self._results[:] = [r for r in self._results if r is not s]
         self._held.pop((s.id, s.deliveries), None)
+        self._in_doubt.discard((s.id, s.deliveries))
         self.counters.unwritable += 1
         log.error("the result of message %d (delivery %d, %s) cannot be written: %s; it will be "
                   "delivered again when its lease expires", s.id, s.deliveries,
@@ -557,6 +720,13 @@ class SubscriberRuntime:
 #: Consecutive failed flushes, with the database answering, after which the batch is split
 #: to find a result it refuses.
 ISOLATE_AFTER = 3
+
+#: Seconds before a background loop that failed unexpectedly starts again.
+LOOP_RESTART_DELAY = 1.0
+
+#: Seconds before a delivery given back after a fault of the runtime may run again: a fault
+#: that repeats then costs a delivery a second rather than spinning.
+ABANDON_DELAY = 1.0
 
 #: Consecutive lease expiries after which a message runs in quarantine.
 QUARANTINE_AFTER = 2

@@ -12,7 +12,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .codec import decode
 from .errors import ConfigurationError, DecodeError, HandlerSignatureError
@@ -61,7 +61,10 @@ class SubscriberConfig:
     lease: float = 30.0
     renew_leases: bool = True
     recovery_interval: float = 5.0  # how often expired leases are looked for
-    max_deliveries: int | None = None
+    #: Deliveries after which a message is archived FAILED without running again: what stops
+    #: a message that kills its process (no result, so no retry strategy sees it). "auto"
+    #: (the default) is :func:`default_max_deliveries`; None means no limit.
+    max_deliveries: int | Literal["auto"] | None = "auto"
     retry: RetryStrategy = field(default_factory=Retry.exponential)
     ack_policy: AckPolicy = AckPolicy.NACK_ON_ERROR
     graceful_timeout: float = 30.0
@@ -83,11 +86,37 @@ class SubscriberConfig:
             raise ConfigurationError("recovery_interval must be positive")
         if self.min_fetch_interval < 0 or self.max_fetch_interval < self.min_fetch_interval:
             raise ConfigurationError("need 0 <= min_fetch_interval <= max_fetch_interval")
-        if self.max_deliveries is not None and self.max_deliveries < 1:
-            raise ConfigurationError("max_deliveries must be at least 1")
         self.ack_policy = AckPolicy(self.ack_policy)
         if not callable(self.retry):
             raise ConfigurationError("retry must be a Retry or a callable (attempt, error)")
+        if self.max_deliveries == "auto":
+            self.max_deliveries = default_max_deliveries(self.retry)
+        if self.max_deliveries is not None and (
+                not isinstance(self.max_deliveries, int) or isinstance(self.max_deliveries, bool)
+                or self.max_deliveries < 1):
+            raise ConfigurationError(
+                f"max_deliveries must be at least 1, None (no limit) or 'auto', got "
+                f"{self.max_deliveries!r}")
+
+
+#: The least ``max_deliveries`` defaults to.
+DEFAULT_MAX_DELIVERIES = 10
+#: Deliveries the default leaves beyond a retry strategy's ``max_attempts``: each delivery
+#: beside a poison message may cost a neighbour one (at most two, see the quarantine in
+#: :mod:`sqlmq.runtime`), and a stop that cuts a handler short another.
+DELIVERY_HEADROOM = 5
+
+
+def default_max_deliveries(retry: RetryStrategy) -> int:
+    """``max_attempts + DELIVERY_HEADROOM`` of a built-in :class:`Retry`, and at least
+    ``DEFAULT_MAX_DELIVERIES``: retries are never cut short by it, while a message that
+    kills its process every time stops after a bounded number of deliveries. A custom
+    strategy, or one without ``max_attempts``, gets ``DEFAULT_MAX_DELIVERIES``: pass
+    ``max_deliveries`` yourself (None for no limit) if it allows more attempts."""
+    attempts = retry.max_attempts if isinstance(retry, Retry) else None
+    if attempts is None:
+        return DEFAULT_MAX_DELIVERIES
+    return max(DEFAULT_MAX_DELIVERIES, attempts + DELIVERY_HEADROOM)
 
 
 class HandlerAdapter:
@@ -125,7 +154,7 @@ class HandlerAdapter:
                 "message (annotate it Message) or its body (bytes, str, dict, a pydantic model)"
             )
         try:
-            hints = typing.get_type_hints(handler)
+            hints = typing.get_type_hints(handler, include_extras=True)  # keep Annotated
         except Exception:  # unresolvable forward references: fall back to raw annotations
             hints = {}
         annotation = hints.get(positional[0].name, positional[0].annotation)
@@ -155,24 +184,59 @@ def _converter_for(annotation: Any, name: str) -> Callable[[Message], Any]:
                 raise DecodeError(f"payload does not match {annotation.__name__}: {exc}") from None
 
         return to_model
-    origin = typing.get_origin(annotation) or annotation
-    if origin is types.UnionType:  # `dict | list`, the spelling of typing.Union since 3.10
-        origin = typing.Union
-    if origin in (dict, list, int, float, bool) or origin is typing.Union:
+    if _optional_message(annotation):
+        return lambda m: m
+    return _validated(annotation, name)
 
-        def to_value(m: Message) -> Any:
-            value = m.body
-            if isinstance(origin, type) and not isinstance(value, origin):
-                raise DecodeError(
-                    f"body is {type(value).__name__}, handler {name} expects {origin.__name__}"
-                )
-            return value
 
-        return to_value
-    raise HandlerSignatureError(
-        f"handler {name} asks for a {annotation!r}: sqlmq can pass Message, bytes, str, "
-        "dict, list, a JSON scalar or a pydantic model"
-    )
+def _optional_message(annotation: Any) -> bool:
+    """``Message | None`` or ``Optional[Message]``: the handler gets the message (never None)."""
+    origin = typing.get_origin(annotation)
+    if origin is not typing.Union and origin is not types.UnionType:
+        return False
+    args = set(typing.get_args(annotation))
+    return Message in args and args <= {Message, type(None)}
+
+
+def _validated(annotation: Any, name: str) -> Callable[[Message], Any]:
+    """Any other annotation (``Model | None``, ``list[Model]``, ``float``, a TypedDict ...):
+    the body, decoded by its content type, validated by pydantic's ``TypeAdapter`` in its
+    default (lax) mode, as a bare model class is: JSON ``1`` is a valid ``float``, and, as
+    in pydantic, ``true`` a valid ``int`` (annotate ``pydantic.StrictInt`` to refuse it)."""
+    from pydantic import TypeAdapter, ValidationError  # here: importing it takes ~0.1 s
+    from pydantic.errors import PydanticUserError
+
+    try:
+        adapter: TypeAdapter[Any] = TypeAdapter(annotation)
+    except (PydanticUserError, TypeError, ValueError) as exc:
+        raise HandlerSignatureError(
+            f"handler {name} asks for a {annotation!r}: sqlmq can pass Message, bytes, str, or "
+            f"the body as any type pydantic validates ({_first_line(exc)})"
+        ) from None
+    expected = _type_name(annotation)
+
+    def to_value(m: Message) -> Any:
+        value = m.body
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:3]
+            )
+            raise DecodeError(f"body is {type(value).__name__}, handler {name} expects "
+                              f"{expected}: {problems}") from None
+
+    return to_value
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).split("\n", 1)[0]
 
 
 def _text(m: Message) -> str:

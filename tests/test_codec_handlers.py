@@ -3,7 +3,7 @@ that cannot be decoded for its handler fails alone and the worker carries on."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import pydantic
 
@@ -179,3 +179,65 @@ async def test_undecodable_payload_fails_with_decode_error_and_the_worker_carrie
     assert "body is list, handler" in archived[bad["wrong type"]]["error"]
     assert "does not match Order" in archived[bad["model mismatch"]]["error"]
     assert "not valid text/plain" in archived[bad["invalid utf-8"]]["error"]
+
+
+_FAILS = object()  # the message is archived FAILED with a decode error naming the types
+
+# (annotation, JSON body, what the handler receives). pydantic's TypeAdapter in its default,
+# lax mode, like a bare model class: 1 is a float; true passes for int, unless strict.
+ANNOTATION_TABLE: list[tuple[Any, Any, Any]] = [
+    (Order | None, {"id": 7, "items": ["a"]}, Order(id=7, items=["a"])),
+    (Order | None, None, None),
+    (Optional[Order], {"id": 8, "items": []}, Order(id=8, items=[])),  # noqa: UP045
+    (list[Order], [{"id": 1, "items": []}, {"id": 2, "items": ["b"]}],
+     [Order(id=1, items=[]), Order(id=2, items=["b"])]),
+    (list[Order], [{"id": "x"}], _FAILS),
+    (Message | None, {"n": 1}, Message),
+    (Optional[Message], {"n": 2}, Message),  # noqa: UP045
+    (float, 1, 1.0),
+    (float, 2.5, 2.5),
+    (int, True, 1),
+    (Annotated[int, pydantic.Strict()], True, _FAILS),
+    (int, 1.5, _FAILS),
+    (bool, True, True),
+    (dict[str, int], {"a": 1}, {"a": 1}),
+    (dict[str, int], {"a": "x"}, _FAILS),
+    (str | None, "text", "text"),
+    (set[int], [1, 2, 2], {1, 2}),
+]
+
+
+async def test_handler_annotations_are_validated_like_pydantic_does(broker: Broker) -> None:
+    received: dict[str, Any] = {}
+
+    def subscribe(queue: str, annotation: Any) -> None:
+        async def handle(value):  # type: ignore[no-untyped-def]
+            received[queue] = value
+
+        handle.__annotations__ = {"value": annotation, "return": None}
+        broker.subscriber(queue, **FAST)(handle)
+
+    ids: dict[str, int] = {}
+    for i, (annotation, body, _) in enumerate(ANNOTATION_TABLE):
+        queue = f"a{i}"
+        subscribe(queue, annotation)
+        ids[queue] = await broker.publish(queue, body)
+    await run_until_drained(broker, list(ids))
+
+    archived = {r["id"]: r for r in await rows(broker, "archive")}
+    for i, (annotation, body, expected) in enumerate(ANNOTATION_TABLE):
+        queue, case = f"a{i}", f"{annotation} with {body!r}"
+        row = archived[ids[queue]]
+        if expected is _FAILS:
+            assert row["state"] == "FAILED", case
+            assert row["error"].startswith("decode error: body is "), case
+            assert " expects " in row["error"], case
+            assert queue not in received, case
+            continue
+        assert row["state"] == "COMPLETED", case
+        if expected is Message:
+            assert isinstance(received[queue], Message), case
+            assert received[queue].body == body, case
+        else:
+            assert received[queue] == expected, case
+            assert type(received[queue]) is type(expected), case

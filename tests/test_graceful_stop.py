@@ -52,6 +52,8 @@ async def test_stop_returns_prefetched_messages_and_lets_running_handlers_finish
     for r in returned:
         assert (r["state"], r["deliveries_count"], r["attempts_count"]) == ("PENDING", 0, 0)
         assert r["lease_expires_at"] is None and r["next_attempt_at"] is not None
+        # as if never fetched: the refunded delivery leaves no times behind
+        assert r["first_attempt_at"] is None and r["acquired_at"] is None
     archived = await rows(broker, "archive")
     assert [(r["id"], r["state"], r["deliveries_count"]) for r in archived] == [
         (i, "COMPLETED", 1) for i in sorted(started)]

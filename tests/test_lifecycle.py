@@ -139,7 +139,7 @@ async def test_nacked_message_with_retries_left_becomes_retryable_on_the_db_cloc
 
     assert row["attempts_count"] == 1
     assert row["deliveries_count"] == 1
-    assert row["last_error"] == "ValueError: boom"
+    assert row["last_error"].split("\n\n", 1)[0] == "ValueError: boom"  # then the traceback
     assert row["lease_expires_at"] is None
     assert row["next_attempt_at"] > now
     gap = (row["next_attempt_at"] - row["last_attempt_at"]).total_seconds()
@@ -192,7 +192,8 @@ async def test_nack_without_retries_left_archives_failed(broker: Broker) -> None
     assert row["state"] == "FAILED"
     assert row["attempts_count"] == 2
     assert row["deliveries_count"] == 2
-    assert row["error"] == "retries exhausted after 2 attempt(s): ValueError: boom"
+    assert row["error"].split("\n\n", 1)[0] == (
+        "retries exhausted after 2 attempt(s): ValueError: boom")
     assert await rows(broker, id=msg_id) == []
 
 

@@ -164,7 +164,8 @@ async def test_failing_message_is_retried_on_schedule_until_retries_are_exhauste
     assert row["state"] == "FAILED"
     assert row["attempts_count"] == attempts
     assert row["deliveries_count"] == attempts
-    assert row["error"] == f"retries exhausted after {attempts} attempt(s): ValueError: boom"
+    assert row["error"].split("\n\n", 1)[0] == (
+        f"retries exhausted after {attempts} attempt(s): ValueError: boom")
 
 
 async def test_each_strategy_schedules_the_retry_at_last_attempt_plus_its_delay(
@@ -200,7 +201,7 @@ async def test_each_strategy_schedules_the_retry_at_last_attempt_plus_its_delay(
         (row,) = await rows(broker, id=ids[queue])
         assert row["state"] == "RETRYABLE"
         assert row["attempts_count"] == 1
-        assert row["last_error"] == f"ValueError: boom in {queue}"
+        assert row["last_error"].split("\n\n", 1)[0] == f"ValueError: boom in {queue}"
         assert row["next_attempt_at"] > now
         gap = (row["next_attempt_at"] - row["last_attempt_at"]).total_seconds()
         assert gap == pytest.approx(delay, abs=CLOCK_RESOLUTION), queue

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ..connect import READ_ONLY
 from ..records import Delivery, NewMessage, QueueStats, Settlement
 from ..schema import Schema, UTCDateTime
+from ..states import Outcome
 
 
 @runtime_checkable
@@ -42,6 +43,13 @@ class Engine(Protocol):
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
         """Push the lease of each held ``(id, deliveries)`` to now + ``seconds``."""
+        ...
+
+    async def landed(self, settlements: Sequence[Settlement]) -> set[int]:
+        """The ids among ``settlements`` whose result the database shows as written by
+        exactly that delivery. A settle whose reply was lost (the connection died around
+        its COMMIT) may have committed: retried, its rows are no longer PROCESSING and look
+        stale, and this tells the runtime they were its own."""
         ...
 
     async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
@@ -110,7 +118,7 @@ class KeptConnections:
             if now - since < self.KEEP_FOR:
                 return conn
             with contextlib.suppress(Exception):
-                await conn.close()
+                await self._release(conn)
         conn = await self.db.connect()
         if self.AUTOCOMMIT:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -118,7 +126,7 @@ class KeptConnections:
 
     async def _checkin(self, conn: AsyncConnection) -> None:
         if self._kept_closed or len(self._kept) >= self.KEEP_IDLE:
-            await conn.close()
+            await self._release(conn)
         else:
             self._kept.append((conn, time.monotonic()))
 
@@ -127,7 +135,12 @@ class KeptConnections:
         self._kept_closed = True
         while self._kept:
             with contextlib.suppress(Exception):
-                await self._kept.pop()[0].close()
+                await self._release(self._kept.pop()[0])
+
+    async def _release(self, conn: AsyncConnection) -> None:
+        """Give a connection back to the pool, as the pool's other users expect it: an
+        engine that changed its session settings puts them back here."""
+        await conn.close()
 
 
 async def driver_connection(conn: AsyncConnection) -> Any:
@@ -255,6 +268,24 @@ class ArchiveAndStatsMixin:
             where.append(a.c.archived_at < before)
         return where
 
+    async def landed(self, settlements: Sequence[Settlement]) -> set[int]:
+        from sqlalchemy import select
+
+        a, m = self.schema.archive, self.schema.message
+        ended = [s.id for s in settlements if s.outcome.archives]
+        back = [s.id for s in settlements if not s.outcome.archives]
+        async with self.db.connect() as conn:
+            await conn.execution_options(**{READ_ONLY: True})
+            archived = {r.id: r for r in await conn.execute(
+                select(a.c.id, a.c.state, a.c.deliveries_count).where(a.c.id.in_(ended))
+            )} if ended else {}
+            queued = {r.id: r for r in await conn.execute(
+                select(m.c.id, m.c.state, m.c.deliveries_count, m.c.lease_expires_at,
+                       m.c.history).where(m.c.id.in_(back))
+            )} if back else {}
+        return {s.id for s in settlements
+                if _shows(s, archived.get(s.id) if s.outcome.archives else queued.get(s.id))}
+
     async def requeue_archived(
         self, *, queue: str | None = None, ids: Sequence[int] | None = None,
         state: str = "FAILED",
@@ -340,6 +371,28 @@ class ArchiveAndStatsMixin:
         ]
 
 
+def _shows(s: Settlement, row: Any) -> bool:
+    """Whether ``row`` (the archive row for an ending, else the message row) is what
+    settlement ``s`` leaves. Only the holder of delivery ``(id, deliveries)`` can write it:
+    an archive row or a RETRYABLE row with that delivery number; for a refunded release,
+    PENDING one delivery back (a lease recovery never refunds); for another release, PENDING
+    at that delivery without the ``lease_expired`` entry a recovery would have added."""
+    if row is None:
+        return False
+    if s.outcome.archives:
+        return bool(row.state == s.outcome.value and row.deliveries_count == s.deliveries)
+    if s.outcome is Outcome.RETRY:
+        return bool(row.state == "RETRYABLE" and row.deliveries_count == s.deliveries)
+    if row.state != "PENDING" or row.lease_expires_at is not None:
+        return False
+    if s.refund:
+        return bool(row.deliveries_count == s.deliveries - 1)
+    last = (_as_json(row.history) or [{}])[-1]
+    recovered = isinstance(last, dict) and last.get("ended") == "lease_expired" and \
+        last.get("delivery") == s.deliveries
+    return bool(row.deliveries_count == s.deliveries and not recovered)
+
+
 # ---- decoding a batch of rows (the MariaDB and SQLite engines read plain tuples) -------------
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -348,6 +401,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def ready_order(d: Delivery) -> tuple[datetime, int]:
     """The order acquire hands messages out in: by schedule, then id."""
     return (d.scheduled_at or _EPOCH, d.id)
+
+
+class RowDecodeError(ValueError):
+    """A column of an acquired row that does not hold what sqlmq wrote there (a hand edit,
+    another writer, a bad migration); the message names the column and the problem."""
 
 
 class BatchHeaders(dict[Any, dict[str, str]]):
@@ -360,9 +418,87 @@ class BatchHeaders(dict[Any, dict[str, str]]):
             return {}
         decoded = self.get(value)
         if decoded is None:
-            decoded = self[value] = (json.loads(value) if isinstance(value, str | bytes)
-                                     else value) or {}
+            decoded = self[value] = _headers(value)
         return dict(decoded)
+
+
+def _headers(value: Any) -> dict[str, str]:
+    """Checked once per distinct text: the runtime and handlers rely on string values."""
+    if isinstance(value, str | bytes):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RowDecodeError(f"headers are not valid JSON: {exc}") from None
+    value = value or {}
+    if not isinstance(value, dict):
+        raise RowDecodeError(f"headers are a JSON {_json_kind(value)}, not an object")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise RowDecodeError(f"header {key!r} is a JSON {_json_kind(item)}, not a string")
+    return value
+
+
+def decode_history(value: Any) -> list[dict[str, Any]]:
+    """A row's ``history`` column: a JSON array of objects (the runtime reads their keys)."""
+    if value is None:
+        return []
+    if isinstance(value, str | bytes):
+        if value == "[]":
+            return []
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RowDecodeError(f"history is not valid JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise RowDecodeError(f"history is a JSON {_json_kind(value)}, not an array")
+    for entry in value:
+        if not isinstance(entry, dict):
+            raise RowDecodeError(f"history holds a JSON {_json_kind(entry)}, not an object")
+    return value
+
+
+def blob(value: Any) -> bytes:
+    """A row's ``payload``, which sqlmq always writes as a BLOB (SQLite lets a hand edit store
+    TEXT or a number there instead)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    kind = "TEXT" if isinstance(value, str) else type(value).__name__
+    raise RowDecodeError(f"payload is stored as {kind}, not as a BLOB")
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def decode_rows(rows: Sequence[Any], decode: Callable[[Any], Delivery],
+                undecodable: Callable[[Any, BaseException], Delivery]) -> list[Delivery]:
+    """Deliveries from the rows of one acquire. The rows are already PROCESSING when they
+    are decoded, so a row that fails must not take its batch down with it: the whole batch
+    is decoded at once (the hot path), and only if that fails is each row decoded alone,
+    those that fail becoming ``undecodable(row, error)`` (a delivery with ``defect`` set,
+    which the runtime archives FAILED through the usual fenced settle)."""
+    try:
+        return [decode(r) for r in rows]
+    except Exception:
+        pass
+    out = []
+    for r in rows:
+        try:
+            out.append(decode(r))
+        except Exception as exc:
+            out.append(undecodable(r, exc))
+    return out
+
+
+def undecodable_delivery(msg_id: int, queue: str, attempts: int, deliveries: int,
+                         exc: BaseException) -> Delivery:
+    """The delivery of a row that could not be decoded: its fencing token and counters, and
+    the reason; nothing else of it is read."""
+    reason = str(exc) if isinstance(exc, RowDecodeError) else f"{type(exc).__name__}: {exc}"
+    return Delivery(msg_id, queue, {}, b"", attempts, deliveries, _EPOCH, None, _EPOCH, _EPOCH,
+                    _EPOCH, [], f"undecodable row: {reason}"[:2000])
 
 
 def leased_delivery(message: NewMessage, msg_id: int, now: datetime,
@@ -387,6 +523,9 @@ class BatchTimes(dict[Any, datetime]):
             return None
         converted = self.get(value)
         if converted is None:
-            converted = self[value] = self.convert(value)
+            try:
+                converted = self[value] = self.convert(value)
+            except Exception as exc:  # e.g. text that is no date, 'infinity' on PostgreSQL
+                raise RowDecodeError(f"malformed timestamp {value!r}: {exc}") from None
         return converted
 

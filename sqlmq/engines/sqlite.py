@@ -29,10 +29,14 @@ from .base import (
     BatchTimes,
     KeptConnections,
     SqlEngine,
+    blob,
+    decode_history,
+    decode_rows,
     discard,
     driver_connection,
     leased_delivery,
     ready_order,
+    undecodable_delivery,
 )
 
 NOW = SQLITE_NOW
@@ -56,6 +60,26 @@ WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created_at,
     first_attempt_at, acquired_at, lease_expires_at, NULL AS scheduled_at, history
 """
+
+_ONE_QUEUE = "queue = :queue"
+_QUEUE_LIST = "queue IN (SELECT value FROM json_each(:queues))"
+
+
+def lease_statements(names: dict[str, str]) -> tuple[str, str]:
+    """The acquire, for a caller that must acquire inside its own transaction and record
+    what it took in that same transaction (the Spark stream's leases: a crash must not
+    leave messages acquired and recorded nowhere): the ids of up to ``:limit`` ready rows
+    of queue ``:queue``, then the statement that marks ids ``:ids`` (a JSON array)
+    PROCESSING for ``:lease`` seconds and returns the acquire's columns."""
+    return _READY.replace(_QUEUE_LIST, _ONE_QUEUE).format(**names), _TAKE.format(**names)
+
+
+def archive_statements(names: dict[str, str]) -> tuple[str, str]:
+    """The settle of archiving outcomes (COMPLETED, FAILED), for a caller that must settle
+    inside its own transaction (the Spark stream, which drops its lease rows and records
+    the acknowledged sequence in the same one): archive the batch ``:input`` (see
+    ``SqlEngine.settlement_json``), then delete it, returning the ids that landed."""
+    return _ARCHIVE.format(**names), _DELETE.format(**names)
 
 # The input batch, one JSON array per settlement (see SqlEngine.settlement_json).
 _INPUT = """
@@ -90,6 +114,9 @@ _UPDATE = _INPUT + f"""
 UPDATE {{m}} AS m SET
     state = CASE WHEN i.outcome = 'RETRY' THEN 'RETRYABLE' ELSE 'PENDING' END,
     attempts_count = m.attempts_count + i.attempt,
+    first_attempt_at = CASE WHEN m.deliveries_count = i.refund THEN NULL
+                            ELSE m.first_attempt_at END,
+    acquired_at = CASE WHEN m.deliveries_count = i.refund THEN NULL ELSE m.acquired_at END,
     deliveries_count = m.deliveries_count - i.refund,
     last_attempt_at = CASE WHEN i.attempt = 1 THEN {NOW} ELSE m.last_attempt_at END,
     next_attempt_at = {sqlite_now_plus('i.delay')},
@@ -158,9 +185,7 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         names = self.names
-        one_queue = _READY.replace(
-            "queue IN (SELECT value FROM json_each(:queues))", "queue = :queue"
-        )
+        one_queue = _READY.replace(_QUEUE_LIST, _ONE_QUEUE)
         self._ready_sql = (_READY.format(**names), one_queue.format(**names))
         self._take_sql = _TAKE.format(**names)
         self._archive_sql = _ARCHIVE.format(**names)
@@ -232,12 +257,13 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                                 {"ids": json.dumps([r[0] for r in ready]), "lease": lease})
         scheduled = dict(ready)
         headers, utc = BatchHeaders(), BatchTimes(_stored_time)
-        out = [
-            Delivery(
+
+        def decode(r: Any) -> Delivery:
+            return Delivery(
                 id=r[0],
                 queue=r[1],
                 headers=headers(r[2]),
-                payload=bytes(r[3]),
+                payload=blob(r[3]),
                 attempts=r[4],
                 deliveries=r[5],
                 created_at=utc(r[6]),
@@ -245,10 +271,10 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                 acquired_at=utc(r[8]),
                 lease_expires_at=utc(r[9]),
                 scheduled_at=utc(scheduled[r[0]]),
-                history=(json.loads(r[11]) or []) if r[11] else [],
+                history=decode_history(r[11]),
             )
-            for r in rows
-        ]
+
+        out = decode_rows(rows, decode, _undecodable)
         out.sort(key=ready_order)
         return out
 
@@ -325,6 +351,10 @@ async def _fetch(conn: AsyncConnection, sql: str, params: Mapping[str, Any]) -> 
     except sqlite3.Error as exc:
         raise DBAPIError.instance(sql, None, exc, sqlite3.Error,
                                   dialect=conn.engine.dialect) from exc
+
+
+def _undecodable(r: Any, exc: BaseException) -> Delivery:
+    return undecodable_delivery(r[0], r[1], r[4], r[5], exc)
 
 
 def _stored_time(value: str | datetime) -> datetime:

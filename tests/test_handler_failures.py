@@ -1,0 +1,241 @@
+"""A failing handler is logged once, with its traceback, saying what happens next; the
+archive keeps the traceback (bounded). No worker task ends unseen: whatever goes wrong while
+a message is handled, the worker logs it and carries on, and a delivery whose worker is gone
+is given back rather than renewed for ever."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from sqlmq import Broker, Message, Retry
+from sqlmq.runtime import TRACEBACK_LIMIT
+
+from .conftest import archived, drained, wait_until
+
+FAST: dict[str, Any] = {"flush_interval": 0.01, "max_fetch_interval": 0.05, "workers": 1}
+
+
+def _records(caplog: pytest.LogCaptureFixture, *words: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.name == "sqlmq" and all(w in r.getMessage() for w in words)]
+
+
+def _raise_deep(depth: int) -> None:
+    if depth == 0:
+        raise ValueError("boom")
+    _raise_deep(depth - 1)
+
+
+async def test_a_failed_handler_is_logged_once_per_failure_with_its_traceback(
+    broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sqlmq")
+
+    @broker.subscriber("q", retry=Retry.constant(0.01, max_attempts=2), **FAST)
+    async def handle(msg: Message) -> None:
+        _raise_deep(200)  # a long traceback: the archive keeps its end
+
+    msg_id = await broker.publish("q", "x")
+    await broker.start()
+    try:
+        row = await archived(broker, msg_id)
+    finally:
+        await broker.stop()
+
+    retry = _records(caplog, f"message {msg_id} ", "queue q", "attempt 1", "retrying in")
+    dead = _records(caplog, f"message {msg_id} ", "queue q", "attempt 2", "dead-lettered")
+    assert [r.levelno for r in retry] == [logging.WARNING]
+    assert [r.levelno for r in dead] == [logging.ERROR]
+    assert "ValueError: boom" in retry[0].getMessage()
+    for r in (*retry, *dead):
+        assert r.exc_info is not None and r.exc_info[0] is ValueError
+    assert len(_records(caplog, f"message {msg_id} ")) == 2  # once per failure
+
+    assert row["state"] == "FAILED"
+    first, _, trace = row["error"].partition("\n\n")
+    assert first == "retries exhausted after 2 attempt(s): ValueError: boom"
+    assert "Traceback (most recent call last)" in trace or trace.startswith("…")
+    assert trace.endswith("ValueError: boom") and "_raise_deep" in trace
+    assert len(trace) <= TRACEBACK_LIMIT + 1
+    assert row["history"][-1]["error"] == first  # history keeps the one line
+
+
+async def test_a_handler_raising_cancelled_error_fails_like_any_error(
+    broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[int] = []
+
+    @broker.subscriber("q", retry=Retry.constant(0.01), **FAST)
+    async def handle(msg: Message) -> None:
+        calls.append(msg.id)
+        if msg.attempts == 0 and msg.body == "cancel":
+            raise asyncio.CancelledError()  # e.g. an inner task of the handler's, cancelled
+
+    first = await broker.publish("q", "cancel")
+    second = await broker.publish("q", "fine")
+    await broker.start()
+    try:
+        await wait_until(lambda: drained(broker, "q"), message="both messages handled")
+        (runtime,) = broker.runtimes
+        assert all(not w.done() for w in runtime._workers)
+    finally:
+        await broker.stop()
+
+    assert (await archived(broker, first))["state"] == "COMPLETED"
+    assert (await archived(broker, second))["state"] == "COMPLETED"
+    assert calls.count(first) == 2
+    assert _records(caplog, f"message {first} ", "CancelledError", "retrying")
+
+
+class BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() is broken too")
+
+
+async def test_an_exception_whose_str_fails_does_not_kill_the_worker(broker: Broker) -> None:
+    @broker.subscriber("q", retry=Retry.none(), **FAST)
+    async def handle(msg: Message) -> None:
+        if msg.body == "bad":
+            raise BrokenStr()
+
+    bad = await broker.publish("q", "bad")
+    good = await broker.publish("q", "good")
+    await broker.start()
+    try:
+        await wait_until(lambda: drained(broker, "q"), message="both messages settled")
+    finally:
+        await broker.stop()
+
+    row = await archived(broker, bad)
+    assert row["state"] == "FAILED"
+    assert row["error"].startswith("retries exhausted after 1 attempt(s): BrokenStr: <str()")
+    assert (await archived(broker, good))["state"] == "COMPLETED"
+
+
+async def test_a_fault_of_the_runtime_is_logged_and_the_worker_carries_on(
+    broker: Broker, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in sqlmq itself while a message is handled (injected: the first completion
+    raises) is logged with its traceback; the message is given back and runs again."""
+    from sqlmq import runtime as runtime_module
+
+    faults: list[int] = []
+    complete = runtime_module.SubscriberRuntime._complete
+
+    def faulty(self: Any, d: Any, error: Any) -> Any:
+        if not faults:
+            faults.append(d.id)
+            raise RuntimeError("injected fault")
+        return complete(self, d, error)
+
+    monkeypatch.setattr(runtime_module.SubscriberRuntime, "_complete", faulty)
+
+    @broker.subscriber("q", **FAST)
+    async def handle(msg: Message) -> None:
+        pass
+
+    ids = [await broker.publish("q", i) for i in range(3)]
+    await broker.start()
+    try:
+        await wait_until(lambda: drained(broker, "q"), message="every message handled")
+        (runtime,) = broker.runtimes
+        assert all(not w.done() for w in runtime._workers)
+    finally:
+        await broker.stop()
+
+    (faulted,) = faults
+    for msg_id in ids:
+        row = await archived(broker, msg_id)
+        assert row["state"] == "COMPLETED"
+        assert row["deliveries_count"] == (2 if msg_id == faulted else 1)
+    (record,) = _records(caplog, f"message {faulted} ", "injected fault", "giving")
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+
+
+async def test_a_worker_cancelled_from_outside_is_replaced_and_its_message_given_back(
+    broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    started = asyncio.Event()
+    calls: list[int] = []
+
+    @broker.subscriber("q", lease=3, **FAST)
+    async def handle(msg: Message) -> None:
+        calls.append(msg.id)
+        if len(calls) == 1:
+            started.set()
+            await asyncio.sleep(3600)
+
+    msg_id = await broker.publish("q", "x")
+    await broker.start()
+    try:
+        await asyncio.wait_for(started.wait(), 20)
+        (runtime,) = broker.runtimes
+        (worker,) = runtime._workers
+        worker.cancel()  # e.g. a library that cancels the wrong task
+        row = await archived(broker, msg_id)
+        assert runtime._workers[0] is not worker and not runtime._workers[0].done()
+    finally:
+        await broker.stop()
+
+    assert row["state"] == "COMPLETED" and row["deliveries_count"] == 2
+    assert calls == [msg_id, msg_id]
+    assert _records(caplog, "ended unexpectedly", "cancelled")
+
+
+async def test_reaching_max_deliveries_is_logged(
+    broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    @broker.subscriber("q", max_deliveries=3, **FAST)
+    async def handle(msg: Message) -> None:
+        pass
+
+    msg_id = await broker.publish("q", "x")
+    m = broker.schema.message.name
+    async with broker.db.begin() as conn:  # three deliveries that ended without a result
+        await conn.execute(text(f"UPDATE {m} SET deliveries_count = 3 WHERE id = {msg_id}"))
+    await broker.start()
+    try:
+        row = await archived(broker, msg_id)
+    finally:
+        await broker.stop()
+
+    assert row["state"] == "FAILED" and row["error"].startswith("max deliveries exceeded")
+    (record,) = _records(caplog, f"message {msg_id} ", "dead-lettered", "max deliveries")
+    assert record.levelno == logging.ERROR
+
+
+async def test_max_deliveries_stops_a_poison_message_by_default(
+    broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A message that killed its process ten times (no result, so no retry strategy saw it)
+    is not delivered for ever: the default limit archives it FAILED, with a log line."""
+    from sqlmq.subscriber import SubscriberConfig
+
+    assert SubscriberConfig(queues=("q",)).max_deliveries == 10
+    assert SubscriberConfig(queues=("q",), retry=Retry.constant(
+        1, max_attempts=20)).max_deliveries == 25  # never cuts a retry budget short
+    assert SubscriberConfig(queues=("q",), max_deliveries=None).max_deliveries is None
+
+    @broker.subscriber("q", **FAST)
+    async def handle(msg: Message) -> None:
+        pass
+
+    poison, fine = await broker.publish("q", "poison"), await broker.publish("q", "fine")
+    m = broker.schema.message.name
+    async with broker.db.begin() as conn:
+        await conn.execute(text(f"UPDATE {m} SET deliveries_count = 10 WHERE id = {poison}"))
+    await broker.start()
+    try:
+        await wait_until(lambda: drained(broker, "q"), message="both messages archived")
+    finally:
+        await broker.stop()
+
+    row = await archived(broker, poison)
+    assert (row["state"], row["error"]) == ("FAILED", "max deliveries exceeded (11 > 10)")
+    assert (await archived(broker, fine))["state"] == "COMPLETED"
+    assert _records(caplog, f"message {poison} ", "dead-lettered", "max deliveries")
