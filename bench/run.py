@@ -1,6 +1,8 @@
 """The benchmark's one command.
 
     .venv/bin/python -m bench.run drain|publish|latency|all [--db postgresql|mariadb|sqlite|all]
+    .venv/bin/python -m bench.run fresh --db postgresql [--rate 500 --load-seconds 60]
+                                    [--analyzed-empty]
 
 Prints one table per benchmark (medians over ``--repeat`` rounds; ratios are taken within
 each round, then their median), followed by the command line that reproduces it. Run
@@ -28,7 +30,7 @@ DEFAULT_N = 100_000
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["drain", "publish", "latency", "all"])
+    p.add_argument("what", choices=["drain", "publish", "latency", "fresh", "all"])
     p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
     p.add_argument("--n", type=int, default=DEFAULT_N, help="messages per drain")
     p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported")
@@ -39,6 +41,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="messages per PGQueuer configuration in the search for its best")
     p.add_argument("--rates", default="100,2000", help="latency: messages per second")
     p.add_argument("--seconds", type=float, default=10.0, help="latency: publishing time")
+    p.add_argument("--rate", type=float, default=500.0, help="fresh: messages per second")
+    p.add_argument("--load-seconds", type=float, default=60.0, help="fresh: publishing time")
+    p.add_argument("--analyzed-empty", action="store_true",
+                   help="fresh: ANALYZE the empty table first (a queue that drained)")
     p.add_argument("--batch-total", type=int, default=200_000,
                    help="publish: messages sent in batches")
     p.add_argument("--single-count", type=int, default=2000,
@@ -177,6 +183,26 @@ def run_latency(args: argparse.Namespace) -> str:
                  ["database", "rate/s", "who", "p50", "p95", "p99", "achieved/s"], rows)
 
 
+# ---- fresh table ---------------------------------------------------------------------------
+
+def run_fresh(args: argparse.Namespace) -> str:
+    from .fresh_table import WINDOW, fresh_table
+
+    seconds = args.load_seconds
+    out = []
+    for db in dbs(args):
+        rows, tail = asyncio.run(fresh_table(db, args.rate, seconds, args.analyzed_empty))
+        _log(f"{db}: fresh table at {args.rate:g}/s done")
+        out.append(table(
+            f"fresh table on {db}: {args.rate:g} msg/s for {seconds:g} s from one process to "
+            f"a no-op subscriber on freshly migrated tables"
+            f"{' (ANALYZE while empty)' if args.analyzed_empty else ''}; pickup = publish "
+            f"call -> handler start (ms), per {WINDOW:g} s window",
+            ["window", "picked up", "p50", "p99", "max", "acquires", "mean acquire ms"], rows)
+            + f"\nmessage table at the end: {tail}")
+    return "\n\n".join(out)
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 def _sync(fn: Any, *args: Any) -> Any:
@@ -203,8 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     what = ["drain", "publish", "latency"] if args.what == "all" else [args.what]
     for name in what:  # each table as soon as it is done
-        print({"drain": run_drain, "publish": run_publish,
-               "latency": run_latency}[name](args) + "\n", flush=True)
+        print({"drain": run_drain, "publish": run_publish, "latency": run_latency,
+               "fresh": run_fresh}[name](args) + "\n", flush=True)
     print(f"\n{conditions()}")
     print(f"reproduce: .venv/bin/python -m bench.run {shlex.join(argv)}")
 

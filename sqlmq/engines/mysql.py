@@ -30,10 +30,13 @@ from .base import (
     BatchTimes,
     KeptConnections,
     SqlEngine,
+    decode_history,
+    decode_rows,
     discard,
     driver_connection,
     leased_delivery,
     ready_order,
+    undecodable_delivery,
 )
 
 NOW = "UTC_TIMESTAMP(6)"
@@ -105,6 +108,35 @@ UPDATE {_TAKEN} STRAIGHT_JOIN {{m}} AS m FORCE INDEX (PRIMARY) ON m.id = t.id SE
 _ID_LIST = 65_535
 _ID_BYTES = 21
 
+
+def lease_statements(names: dict[str, str]) -> tuple[str, str, str]:
+    """The acquire, for a caller that must acquire inside its own transaction and record
+    what it took in that same transaction (the Spark stream's leases: a crash must not
+    leave messages acquired and recorded nowhere). Statement one locks up to ``%s`` ready
+    rows of the queues ``%s`` into ``@sqlmq_take`` (parameters: the queue, then the limit),
+    statement two marks them PROCESSING for ``%s`` microseconds; the third item is a
+    ``FROM`` clause joining the taken ids to the message table, aliased ``m``."""
+    return (_LOCK_READY.format(**names, queues="%s"), _TAKE.format(**names),
+            f"{_TAKEN} STRAIGHT_JOIN {names['m']} AS m FORCE INDEX (PRIMARY) ON m.id = t.id")
+
+
+def take_limit(group_concat_max_len: int | None) -> int:
+    """The most ids one acquire may take (see ``_ID_LIST``), given MariaDB's
+    ``group_concat_max_len`` (``None`` on MySQL)."""
+    limit = _ID_LIST if group_concat_max_len is None else min(_ID_LIST, group_concat_max_len)
+    return max(1, limit // _ID_BYTES)
+
+
+def archive_statements(names: dict[str, str]) -> tuple[str, ...]:
+    """The settle of archiving outcomes (COMPLETED, FAILED), for a caller that must settle
+    inside its own transaction (the Spark stream, which drops its lease rows and records
+    the acknowledged sequence in the same one): set the batch (one ``%s``, see
+    ``SqlEngine.settlement_json``), lock its rows (the ids that will land), archive, delete,
+    clear the batch."""
+    return tuple(q.format(**names) for q in (_SET_INPUT, _LOCK, _ARCHIVE, _DELETE,
+                                              _CLEAR_INPUT))
+
+
 # ---- settle: one packet, one transaction ----------------------------------------------------
 #
 # The batch is one JSON value (see SqlEngine.settlement_json), put in a session variable once
@@ -147,6 +179,9 @@ _UPDATE = f"""
 UPDATE {_JOIN} SET
     m.state = CASE WHEN i.outcome = 'RETRY' THEN 'RETRYABLE' ELSE 'PENDING' END,
     m.attempts_count = m.attempts_count + i.attempt,
+    m.first_attempt_at = CASE WHEN m.deliveries_count = i.refund THEN NULL
+                              ELSE m.first_attempt_at END,
+    m.acquired_at = CASE WHEN m.deliveries_count = i.refund THEN NULL ELSE m.acquired_at END,
     m.deliveries_count = m.deliveries_count - i.refund,
     m.last_attempt_at = CASE WHEN i.attempt = 1 THEN {NOW} ELSE m.last_attempt_at END,
     m.next_attempt_at = {NOW} + INTERVAL CAST(i.delay * 1000000 AS SIGNED) MICROSECOND,
@@ -266,8 +301,9 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         now = _utc(rows[0][10])
         lease_expires_at = now + timedelta(microseconds=round(lease * 1_000_000))
         headers, utc = BatchHeaders(), BatchTimes(_utc)  # the driver's are naive UTC
-        out = [
-            Delivery(
+
+        def decode(r: Any) -> Delivery:
+            return Delivery(
                 id=r[0],
                 queue=r[1],
                 headers=headers(r[2]),
@@ -279,10 +315,10 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                 acquired_at=now,
                 lease_expires_at=lease_expires_at,
                 scheduled_at=utc(r[8]),
-                history=_history(r[9]),
+                history=decode_history(r[9]),
             )
-            for r in rows
-        ]
+
+        out = decode_rows(rows, decode, _undecodable)
         out.sort(key=ready_order)
         return out
 
@@ -290,8 +326,11 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         if not settlements:
             return set()
         sql = self._settle_sql
+        # The batch drives the locking join in its own order: by id, as extend's, so that a
+        # flush and a lease renewal of the same rows cannot deadlock.
+        batch = sorted(settlements, key=_settlement_id)
         packet: list[tuple[str, Sequence[Any]]] = [
-            _BEGIN, (sql["set"], [self.settlement_json(settlements)]), (sql["lock"], []),
+            _BEGIN, (sql["set"], [self.settlement_json(batch)]), (sql["lock"], []),
         ]
         outcomes = {s.outcome.value for s in settlements}
         if outcomes & {"COMPLETED", "FAILED"}:
@@ -323,7 +362,8 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         async with self.db.begin() as conn:
             held = (
                 await conn.execute(
-                    self.sql(_EXTEND_LOCK), {"leases": json.dumps([list(x) for x in leases])}
+                    self.sql(_EXTEND_LOCK),
+                    {"leases": json.dumps([list(x) for x in sorted(leases)])},  # as settle
                 )
             ).scalars().all()
             if held:
@@ -400,13 +440,15 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC)
 
 
-def _history(value: object) -> Any:
-    if value is None:
-        return []
-    return _loads(value) or []
+def _undecodable(r: Any, exc: BaseException) -> Delivery:
+    return undecodable_delivery(r[0], r[1], r[4], r[5] + 1, exc)
 
 
 def _loads(value: object) -> object:
     if isinstance(value, str | bytes):
         return json.loads(value)
     return value
+
+
+def _settlement_id(s: Settlement) -> int:
+    return s.id

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-import asyncpg
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+try:
+    import asyncpg
+except ImportError:  # pragma: no cover - without sqlmq[postgresql]; parse_url says so
+    asyncpg = None  # type: ignore[assignment]
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ..backoff import describe
+from ..errors import PublishOutcomeUnknown
 from ..publishing import (
     PG_COPY_COLUMNS,
     PG_COPY_MIN,
@@ -29,8 +35,11 @@ from .base import (
     BatchTimes,
     KeptConnections,
     SqlEngine,
+    decode_history,
+    decode_rows,
     discard,
     driver_connection,
+    undecodable_delivery,
 )
 
 # The second condition on m.id is for the planner: without it, a ready CTE of a few hundred
@@ -61,6 +70,10 @@ RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
 
 # One round trip for a whole flush. Every branch is fenced on (id, deliveries, PROCESSING);
 # the ids returned are the writes that landed, anything else was stale.
+# ``locked`` takes the batch's row locks first, all of them (the count is a one-time filter
+# of both writes) and in id order, as extend does: a flush and a lease renewal of the same
+# rows locking them in different orders deadlocked (the draining process's flush order is
+# the order handlers finish, the renewal's the order messages were acquired).
 # The arrays travel as text literals ('{1,2,3}'): the server parses them in C, where the
 # driver's array encoder would spend about a microsecond of Python per element.
 _SETTLE = """
@@ -73,10 +86,14 @@ WITH i AS (
         CAST(CAST(:histories AS TEXT) AS TEXT[])
     ) AS i(id, deliveries, outcome, error, delay, refund, attempt, history)
 ),
+locked AS MATERIALIZED (
+    SELECT id FROM {m} WHERE id = ANY(CAST(CAST(:ids AS TEXT) AS BIGINT[]))
+    ORDER BY id FOR UPDATE
+),
 done AS (
     DELETE FROM {m} AS m USING i
     WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
-      AND i.outcome IN ('COMPLETED', 'FAILED')
+      AND i.outcome IN ('COMPLETED', 'FAILED') AND (SELECT count(*) FROM locked) >= 0
     RETURNING m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
         m.created_at, m.first_attempt_at, m.last_attempt_at, m.history AS old_history,
         i.outcome, i.error, i.attempt, i.history AS new_history
@@ -95,6 +112,10 @@ moved AS (
     UPDATE {m} AS m SET
         state = CASE WHEN i.outcome = 'RETRY' THEN 'RETRYABLE' ELSE 'PENDING' END,
         attempts_count = m.attempts_count + i.attempt,
+        -- a refunded first delivery (handed back unstarted) leaves no times behind
+        first_attempt_at = CASE WHEN m.deliveries_count = i.refund THEN NULL
+                                ELSE m.first_attempt_at END,
+        acquired_at = CASE WHEN m.deliveries_count = i.refund THEN NULL ELSE m.acquired_at END,
         deliveries_count = m.deliveries_count - i.refund,
         last_attempt_at = CASE WHEN i.attempt = 1 THEN now() ELSE m.last_attempt_at END,
         next_attempt_at = now() + i.delay * INTERVAL '1 second',
@@ -103,17 +124,22 @@ moved AS (
         history = COALESCE(CAST(i.history AS JSONB), m.history)
     FROM i
     WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
-      AND i.outcome IN ('RETRY', 'RELEASE')
+      AND i.outcome IN ('RETRY', 'RELEASE') AND (SELECT count(*) FROM locked) >= 0
     RETURNING m.id
 )
 SELECT id FROM archived UNION ALL SELECT id FROM moved
 """
 
+# Locks its rows in id order first, as settle does (see _SETTLE).
 _EXTEND = """
+WITH locked AS MATERIALIZED (
+    SELECT id FROM {m} WHERE id = ANY(CAST(:ids AS BIGINT[])) ORDER BY id FOR NO KEY UPDATE
+)
 UPDATE {m} AS m
 SET lease_expires_at = now() + CAST(:seconds AS DOUBLE PRECISION) * INTERVAL '1 second'
 FROM unnest(CAST(:ids AS BIGINT[]), CAST(:deliveries AS INTEGER[])) AS i(id, deliveries)
 WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
+  AND (SELECT count(*) FROM locked) >= 0
 RETURNING m.id
 """
 
@@ -151,6 +177,31 @@ _SEQUENCE = "SELECT pg_get_serial_sequence($1, 'id')"
 # Held until the recovering transaction ends, so a crashed recoverer cannot keep it.
 _RECOVERY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext(:key))"
 
+# Session settings of the connections acquire and settle run on, so that their plans do not
+# depend on the table's statistics. A new table has none, or those of an empty table, and
+# the planner then reads the whole table on every call: a sequential scan (and a sort), or a
+# bitmap scan of every index entry of the queue, dead ones included. A prepared statement
+# keeps such a generic plan until the first autovacuum ANALYZE, a minute or more into the
+# load (measured: acquire from 0.2 to 400 ms at 67k dead tuples). Without these paths what
+# is left reads the ready index in acquire order and the primary key by id (acquire's second
+# condition on m.id bounds that side whatever the join order). Joins stay free: without hash
+# joins, acquire's join took 30 ms instead of 1.4 for 500 rows. Left open: from an empty
+# table's statistics, settle may still walk the whole primary key index as the outer side of
+# its join (a bound like acquire's made the planner, misled by the state column's
+# statistics, compare every batch row with every other: 160 ms for 500).
+_INDEX_PLANS = ("enable_seqscan", "enable_bitmapscan")
+_INDEX_PLANS_ON = "; ".join(f"SET {name} = off" for name in _INDEX_PLANS)
+_INDEX_PLANS_OFF = "; ".join(f"RESET {name}" for name in _INDEX_PLANS)
+_PLANNED = "sqlmq_index_plans"  # the key in a connection's info while they are set
+
+#: Tries of a statement whose connection turns out dead before anything reached the server
+#: (see _never_sent): every kept connection dies at once when the server restarts or an
+#: administrator ends sqlmq's sessions.
+_SEND_TRIES = KeptConnections.KEEP_IDLE + 2
+
+T = TypeVar("T")
+log = logging.getLogger("sqlmq")
+
 
 class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
     dialect = "postgresql"
@@ -174,19 +225,22 @@ class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         if len(queues) == 1:
-            rows = await self._fetch(self._acquire_one, queues[0], limit, float(lease))
+            rows = await self._fetch(self._acquire_one, queues[0], limit, float(lease),
+                                     index_plans=True)
         else:
-            rows = await self._fetch(self._acquire_many, list(queues), limit, float(lease))
+            rows = await self._fetch(self._acquire_many, list(queues), limit, float(lease),
+                                     index_plans=True)
         # JSON comes as text and times as epoch seconds, each distinct value decoded once
         # per batch: the driver would parse every message's headers and history, and build
         # five datetimes per row at about 3 µs each, where a batch mostly repeats one header
         # text, has no history and shares its acquisition, lease and often creation times.
         headers, utc = BatchHeaders(), BatchTimes(_from_epoch)
-        out = [
-            Delivery(r[0], r[1], headers(r[2]), r[3], r[4], r[5], utc(r[6]), utc(r[7]),
-                     utc(r[8]), utc(r[9]), utc(r[10]), _history(r[11]))
-            for r in rows
-        ]
+
+        def decode(r: Any) -> Delivery:
+            return Delivery(r[0], r[1], headers(r[2]), r[3], r[4], r[5], utc(r[6]), utc(r[7]),
+                            utc(r[8]), utc(r[9]), utc(r[10]), decode_history(r[11]))
+
+        out = decode_rows(rows, decode, _undecodable)
         out.sort(key=_schedule_order)
         return out
 
@@ -212,6 +266,7 @@ class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
             _numbers([s.id for s in settlements]),
             _numbers([s.deliveries for s in settlements]),
             outcomes, errors, delays, refunds, attempts, histories,
+            index_plans=True,
         )
         return {r[0] for r in rows}
 
@@ -220,7 +275,11 @@ class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         trip, straight on asyncpg like acquire and settle (through SQLAlchemy a single
         publish cost 2.5 times the client CPU, which a busy publisher shares with its
         subscribers); from ``PG_COPY_MIN`` messages on, by binary COPY, which costs both
-        sides less per row (see :mod:`sqlmq.publishing`)."""
+        sides less per row (see :mod:`sqlmq.publishing`).
+
+        A connection lost before the publish reached the server, or before its COMMIT was
+        sent, wrote nothing: the publish runs again on another connection. Lost after that,
+        the outcome is unknown, and :class:`PublishOutcomeUnknown` says so."""
         if len(messages) >= PG_COPY_MIN and self._can_copy:
             ids = await self._copy(messages)
             if ids is not None:
@@ -229,74 +288,163 @@ class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         statement = self._inserts.get(sql)
         if statement is None:  # two texts in all: with ``at`` or with ``delay``
             statement = self._inserts[sql] = numbered(sql, tuple(params))
-        rows = await self._fetch(statement, *params.values())
+        rows = await self._fetch(statement, *params.values(),
+                                 unknown=lambda exc: _publish_unknown(messages, exc))
         return list(rows[0][0])
 
     async def _copy(self, messages: list[NewMessage]) -> list[int] | None:
         """One transaction: reserve the ids, read the clock and queue the NOTIFY in one
         statement, COPY the rows, COMMIT. None when the table has no id sequence to reserve
-        from (the caller inserts instead). asyncpg's errors come out wrapped as SQLAlchemy's,
-        like those of the INSERT path."""
-        conn = await self._checkout()
-        statement = _SEQUENCE
-        try:
-            raw = await driver_connection(conn)
-            if self._reserve is None:
-                sequence = await raw.fetchval(statement, self.schema.message.name)
-                if sequence is None:
-                    self._can_copy = False
-                    await self._checkin(conn)
-                    return None
-                self._reserve = pg_copy_reserve(sequence)
-            statement = self._reserve
-            async with raw.transaction():
-                row = await raw.fetchrow(statement, *pg_copy_args(self.schema, messages))
-                created_at, next_attempt_at, ids = row[0], row[1], sorted(row[2])
-                statement = f"COPY {self.schema.message.name} FROM STDIN (FORMAT binary)"
-                await raw.copy_to_table(
-                    self.schema.message.name, columns=PG_COPY_COLUMNS, format="binary",
-                    source=pg_copy_data(messages, ids, created_at, next_attempt_at),
-                )
-        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            await discard(conn)
-            raise _as_sqlalchemy_error(exc, statement, self.db.dialect) from exc
-        except BaseException:
-            await discard(conn)
-            raise
-        await self._checkin(conn)
+        from (the caller inserts instead). A connection lost before the COMMIT was sent
+        wrote nothing (the server rolls the transaction back): it all runs again on another
+        connection. Other errors come out as SQLAlchemy's, like those of the INSERT path."""
+        for attempt in range(1, _SEND_TRIES + 1):
+            conn: AsyncConnection | None = None
+            stage = ["connect"]
+            try:
+                conn = await self._checkout()
+                ids = await self._copy_on(await driver_connection(conn), messages, stage)
+            except Exception as exc:
+                if conn is not None:
+                    await discard(conn)
+                lost = _never_sent(exc) or _connection_lost(exc)
+                if lost and stage[0] == "COMMIT" and not _never_sent(exc):
+                    raise _publish_unknown(messages, exc) from exc
+                if lost and (conn is not None or _never_sent(exc)) and attempt < _SEND_TRIES:
+                    _log_discarded(exc)
+                    continue
+                raise self._translated(exc, stage[0]) from exc
+            except BaseException:
+                if conn is not None:
+                    await discard(conn)
+                raise
+            if ids is None:
+                self._can_copy = False
+            await self._checkin(conn)
+            return ids
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _copy_on(self, raw: Any, messages: list[NewMessage],
+                       stage: list[str]) -> list[int] | None:
+        """The COPY transaction on one driver connection; ``stage[0]`` names the statement
+        in progress (``COMMIT`` last)."""
+        stage[0] = _SEQUENCE
+        if self._reserve is None:
+            sequence = await raw.fetchval(_SEQUENCE, self.schema.message.name)
+            if sequence is None:
+                return None
+            self._reserve = pg_copy_reserve(sequence)
+        transaction = raw.transaction()
+        stage[0] = "BEGIN"
+        await transaction.start()
+        stage[0] = self._reserve
+        row = await raw.fetchrow(self._reserve, *pg_copy_args(self.schema, messages))
+        created_at, next_attempt_at, ids = row[0], row[1], sorted(row[2])
+        stage[0] = f"COPY {self.schema.message.name} FROM STDIN (FORMAT binary)"
+        await raw.copy_to_table(
+            self.schema.message.name, columns=PG_COPY_COLUMNS, format="binary",
+            source=pg_copy_data(messages, ids, created_at, next_attempt_at),
+        )
+        stage[0] = "COMMIT"
+        await transaction.commit()
         return ids
 
-    async def _fetch(self, statement: str, *args: Any) -> list[Any]:
+    async def _fetch(self, statement: str, *args: Any, index_plans: bool = False,
+                     unknown: Callable[[Exception], Exception] | None = None) -> list[Any]:
         """One statement straight on asyncpg, in a transaction of its own (autocommit).
-        Errors come out wrapped as SQLAlchemy's, like those of every other engine call."""
-        conn = await self._checkout()
-        try:
-            rows = await (await driver_connection(conn)).fetch(statement, *args)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            await discard(conn)
-            raise _as_sqlalchemy_error(exc, statement, self.db.dialect) from exc
-        except BaseException:
-            await discard(conn)
-            raise
-        await self._checkin(conn)
-        return rows
+
+        A connection the server closed (a restart, ``pg_terminate_backend``) is an ordinary
+        disconnection: it is discarded with one warning line. A statement that had not
+        reached the server runs again on another connection; one that had has an unknown
+        outcome, and ``unknown`` builds the error to raise then (a publish's). Other errors
+        come out wrapped as SQLAlchemy's, like those of every other engine call."""
+        for attempt in range(1, _SEND_TRIES + 1):
+            conn: AsyncConnection | None = None
+            sent = False
+            try:
+                conn = await self._checkout()
+                raw = await driver_connection(conn)
+                if index_plans and not conn.info.get(_PLANNED):
+                    await raw.execute(_INDEX_PLANS_ON)
+                    conn.info[_PLANNED] = True
+                sent = True
+                rows = await raw.fetch(statement, *args)
+            except Exception as exc:
+                if conn is not None:
+                    await discard(conn)
+                never_sent = _never_sent(exc) or (
+                    conn is not None and not sent and _connection_lost(exc))
+                if never_sent and attempt < _SEND_TRIES:
+                    _log_discarded(exc)
+                    continue
+                if unknown is not None and sent and not never_sent and _connection_lost(exc):
+                    raise unknown(exc) from exc
+                raise self._translated(exc, statement) from exc
+            except BaseException:
+                if conn is not None:
+                    await discard(conn)
+                raise
+            await self._checkin(conn)
+            return rows
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _release(self, conn: AsyncConnection) -> None:
+        """A kept connection goes back to the pool: without the planner settings of
+        acquire and settle, which are no business of the pool's other users (a user's own
+        engine may be shared with the application)."""
+        if conn.info.get(_PLANNED):
+            try:
+                await (await driver_connection(conn)).execute(_INDEX_PLANS_OFF)
+            except Exception:
+                await discard(conn)
+                return
+            conn.info.pop(_PLANNED, None)
+        await conn.close()
+
+    def _translated(self, exc: Exception, statement: str) -> Exception:
+        """asyncpg's error (or a socket's) as SQLAlchemy's; anything else as it is."""
+        if isinstance(exc, SQLAlchemyError) or not _from_driver(exc):
+            return exc
+        return _as_sqlalchemy_error(exc, statement, self.db.dialect)
+
+    async def _transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """``work`` in a transaction of its own, through SQLAlchemy. A pooled connection the
+        server closed while it sat idle can fail the pool's pre-ping, or the first
+        statement, with an asyncpg error raised before anything was sent, which SQLAlchemy
+        passes on untranslated: the connection is dropped and ``work`` runs on another."""
+        for attempt in range(1, _SEND_TRIES + 1):
+            try:
+                async with self.db.begin() as conn:
+                    return await work(conn)
+            except Exception as exc:
+                if _never_sent(exc) and attempt < _SEND_TRIES:
+                    _log_discarded(exc)
+                    continue
+                raise self._translated(exc, "") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
         if not leases:
             return set()
+        leases = sorted(leases)
         params = {"ids": [i for i, _ in leases], "deliveries": [d for _, d in leases],
                   "seconds": seconds}
-        async with self.db.begin() as conn:
+
+        async def work(conn: AsyncConnection) -> set[int]:
             return {r[0] for r in await conn.execute(self.sql(_EXTEND), params)}
 
+        return await self._transaction(work)
+
     async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
-        async with self.db.begin() as conn:
+        async def work(conn: AsyncConnection) -> list[int]:
             # One recoverer at a time: the others skip this round instead of racing it.
             got = await conn.execute(self.sql(_RECOVERY_LOCK), {"key": self.recovery_lock})
             if not got.scalar():
                 return []
             result = await conn.execute(self.sql(_RECOVER), {"limit": limit, "spread": spread})
             return [r[0] for r in result]
+
+        return await self._transaction(work)
 
 
 def _as_sqlalchemy_error(exc: Exception, statement: str, dialect: Any) -> Exception:
@@ -310,6 +458,56 @@ def _as_sqlalchemy_error(exc: Exception, statement: str, dialect: Any) -> Except
             orig = translate[cls](exc.args[0] if exc.args else str(exc), exc)
             return DBAPIError.instance(statement, None, orig, dbapi.Error, dialect=dialect)
     return DBAPIError.instance(statement, None, exc, Exception, dialect=dialect)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """asyncpg refused to start a statement on a connection it already knew dead: the
+    server's goodbye (``terminating connection due to administrator command``) came while the
+    connection sat idle, or it is closed. Nothing reached the server."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig.__cause__ or exc.orig
+    if asyncpg is None:
+        return False
+    text = str(exc)
+    return ((isinstance(exc, asyncpg.InternalClientError)
+             and text.startswith("cannot switch to state"))
+            or (isinstance(exc, asyncpg.InterfaceError) and "connection is closed" in text))
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """The connection died: a socket error, asyncpg's word for it, or the server's (SQLSTATE
+    class 08, or 57P: the server shutting down or ending the session)."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig.__cause__ or exc.orig
+    if isinstance(exc, OSError | TimeoutError):
+        return True
+    if asyncpg is not None and isinstance(exc, asyncpg.InterfaceError
+                                          | asyncpg.InternalClientError
+                                          | asyncpg.PostgresConnectionError):
+        return True
+    return str(getattr(exc, "sqlstate", "") or "").startswith(("08", "57P"))
+
+
+def _from_driver(exc: BaseException) -> bool:
+    return isinstance(exc, OSError | TimeoutError) or (
+        asyncpg is not None and isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError
+                                           | asyncpg.InternalClientError))
+
+
+def _log_discarded(exc: BaseException) -> None:
+    log.warning("a PostgreSQL connection was lost (%s); discarded it, and the statement, "
+                "which had not reached the server, runs on another", describe(exc))
+
+
+def _publish_unknown(messages: Sequence[NewMessage], exc: BaseException) -> Exception:
+    queues = ", ".join(sorted({repr(m.queue) for m in messages}))
+    return PublishOutcomeUnknown(
+        f"the connection to PostgreSQL was lost while publishing {len(messages)} message(s) "
+        f"to {queues}, after the publish was sent and before its commit was confirmed "
+        f"({describe(exc)}): they may or may not have been written. sqlmq did not send them "
+        "again, which could publish them twice; look for them before publishing again, or "
+        "accept a duplicate"
+    )
 
 
 SETTLE_PARAMS = ("ids", "deliveries", "outcomes", "errors", "delays", "refunds", "attempts",
@@ -349,8 +547,8 @@ def _from_epoch(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
-def _history(text: str | None) -> list[Any]:
-    return [] if text is None or text == "[]" else json.loads(text)
+def _undecodable(r: Any, exc: BaseException) -> Delivery:
+    return undecodable_delivery(r[0], r[1], r[4], r[5], exc)
 
 
 def _schedule_order(d: Delivery) -> tuple[Any, int]:
