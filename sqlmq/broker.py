@@ -9,7 +9,7 @@ import logging
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import URL
 from sqlalchemy.engine import Connection
@@ -307,7 +307,7 @@ class Broker:
         lease: float = 30.0,
         renew_leases: bool = True,
         recovery_interval: float | None = None,
-        max_deliveries: int | None = None,
+        max_deliveries: int | Literal["auto"] | None = "auto",
         retry: RetryStrategy | None = None,
         ack_policy: AckPolicy | str = AckPolicy.NACK_ON_ERROR,
         graceful_timeout: float = 30.0,
@@ -400,21 +400,58 @@ class Broker:
         await self.close()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Start, run until SIGINT/SIGTERM (or ``stop`` is set), then stop gracefully."""
+        """Start, run until SIGINT/SIGTERM (or ``stop`` is set), then stop gracefully.
+
+        Start, the signal, the drain and the stop are logged at INFO: an operator reading a
+        worker's log sees what it runs, on which database, and why it ended."""
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         installed = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, self._on_signal, sig, stop)
                 installed.append(sig)
+        started = loop.time()
         try:
             await self.start()
+            self._log_start()
             await stop.wait()
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+            self._log_drain()
+            counters = [r.counters for r in self._runtimes]
             await self.close()
+            log.info("sqlmq worker stopped after %.1f s: %d completed, %d failed, %d retried, "
+                     "%d given back", loop.time() - started,
+                     sum(c.completed for c in counters), sum(c.failed for c in counters),
+                     sum(c.retried for c in counters), sum(c.released for c in counters))
+
+    @staticmethod
+    def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+        log.info("received %s: stopping%s", sig.name,
+                 " (already stopping)" if stop.is_set() else "")
+        stop.set()
+
+    def _log_start(self) -> None:
+        log.info("sqlmq worker started on %s (table prefix %r): %d subscriber(s)", self.url,
+                 self.schema.prefix, len(self._subscribers))
+        for sub in self._subscribers:
+            c = sub.config
+            log.info("subscriber %s on %s: workers=%d fetch_batch=%d prefetch=%s lease=%gs "
+                     "max_deliveries=%s retry=%r ack_policy=%s graceful_timeout=%gs",
+                     sub.adapter.name, ", ".join(c.queues), c.workers, c.fetch_batch,
+                     c.prefetch, c.lease, c.max_deliveries, c.retry, c.ack_policy.name,
+                     c.graceful_timeout)
+
+    def _log_drain(self) -> None:
+        if not self._runtimes:
+            return
+        running = sum(getattr(r, "_running", 0) for r in self._runtimes)
+        buffered = sum(r._buffer.qsize() for r in self._runtimes if hasattr(r, "_buffer"))
+        log.info("draining: %d handler(s) running get up to %gs to finish, %d fetched "
+                 "message(s) not started go back to the queue", running,
+                 max(r.cfg.graceful_timeout for r in self._runtimes), buffered)
 
     async def _recovery_loop(self) -> None:
         backoff = Backoff("recovery of expired leases")

@@ -17,9 +17,32 @@ from typing import Any
 
 from .broker import Broker
 from .connect import safe_url
-from .errors import SqlmqError
+from .errors import ConfigurationError, PublishError, SqlmqError
 
 DEFAULT_URL_ENV = "SQLMQ_URL"
+
+#: Exit statuses: 1 when the command could not do its work (a database error, a missing
+#: dead letter), 2 when it was asked something it cannot do (argparse's own status).
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class UsageError(SqlmqError):
+    """Arguments the command cannot act on; exits 2 like argparse's own errors."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _not_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
 
 
 def _url_arg(p: argparse.ArgumentParser) -> None:
@@ -36,8 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="publish, consume, retry and dead-letter thousands of messages")
     p.add_argument("--url", default="sqlite:///sqlmq-demo.db",
                    help="database URL (default: sqlite:///sqlmq-demo.db)")
-    p.add_argument("--messages", type=int, default=5000)
-    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--messages", type=_positive_int, default=5000)
+    p.add_argument("--processes", type=_positive_int, default=2)
 
     p = sub.add_parser("migrate", help="create or upgrade the sqlmq tables")
     _url_arg(p)
@@ -49,10 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("publish", help="publish one message")
     _url_arg(p)
     p.add_argument("queue")
-    p.add_argument("body", help="message body; JSON if it parses as JSON (see --text)")
-    p.add_argument("--text", action="store_true", help="send the body as text, not JSON")
+    p.add_argument("body", help="message body: JSON, or any text with --text")
+    p.add_argument("--text", action="store_true", help="send the body as text/plain, not JSON")
     p.add_argument("--header", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--delay", type=float, default=None, help="seconds")
+    p.add_argument("--delay", type=_not_negative, default=None, help="seconds")
 
     p = sub.add_parser("queues", help="message counts per queue and state")
     _url_arg(p)
@@ -63,15 +86,19 @@ def _parser() -> argparse.ArgumentParser:
     p = dsub.add_parser("list")
     _url_arg(p)
     p.add_argument("--queue")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=_positive_int, default=50)
+    p.add_argument("--json", action="store_true", help="one JSON array, errors in full")
     p = dsub.add_parser("requeue")
     _url_arg(p)
     p.add_argument("--queue")
     p.add_argument("--id", type=int, action="append", dest="ids")
-    p = dsub.add_parser("purge")
+    p = dsub.add_parser("purge", help="delete dead letters: needs --queue and/or "
+                                      "--older-than, or --all --yes")
     _url_arg(p)
     p.add_argument("--queue")
-    p.add_argument("--older-than", type=float, default=None, metavar="DAYS")
+    p.add_argument("--older-than", type=_not_negative, default=None, metavar="DAYS")
+    p.add_argument("--all", action="store_true", help="every dead letter of every queue")
+    p.add_argument("--yes", action="store_true", help="confirm --all")
 
     p = sub.add_parser("report", help="archive analytics on Spark (see docs/spark.md)",
                        add_help=False)
@@ -82,24 +109,35 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:
-        from .spark.report import main as report_main
-
-        return report_main(argv[1:])
+        return _report(argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return asyncio.run(_run(args))
+    except (UsageError, ConfigurationError, PublishError) as exc:
+        print(f"sqlmq: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except SqlmqError as exc:
         print(f"sqlmq: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 
 
+def _report(argv: list[str]) -> int:
+    try:
+        from .spark.report import main as report_main
+    except ImportError as exc:  # pyspark (or pandas, matplotlib) is not installed
+        print(f"sqlmq: error: sqlmq report runs on Spark and needs {exc.name or 'pyspark'}: "
+              "pip install 'sqlmq[spark]'", file=sys.stderr)
+        return EXIT_USAGE
+    return report_main(argv)
+
+
 def _need_url(args: argparse.Namespace) -> str:
     if not args.url:
-        raise SqlmqError(f"no database URL: pass --url or set ${DEFAULT_URL_ENV}")
+        raise UsageError(f"no database URL: pass --url or set ${DEFAULT_URL_ENV}")
     return args.url
 
 
@@ -107,7 +145,12 @@ async def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        return await run_demo(args.url, messages=args.messages, processes=args.processes)
+        try:
+            return await run_demo(args.url, messages=args.messages, processes=args.processes)
+        except SqlmqError:
+            raise
+        except Exception as exc:  # a database error: one line, no URL secrets
+            raise _database_error(exc, safe_url(args.url)) from None
     if args.command == "worker":
         return await _worker(args)
     broker = Broker(_need_url(args), table_prefix=args.prefix)
@@ -116,11 +159,15 @@ async def _run(args: argparse.Namespace) -> int:
     except SqlmqError:
         raise
     except Exception as exc:  # a database error: one line, no URL secrets
-        from .backoff import describe
-
-        raise SqlmqError(f"{describe(exc)} (database {broker.url})") from None
+        raise _database_error(exc, broker.url) from None
     finally:
         await broker.close()
+
+
+def _database_error(exc: Exception, shown_url: str) -> SqlmqError:
+    from .backoff import describe
+
+    return SqlmqError(f"{describe(exc)} (database {shown_url})")
 
 
 async def _migrate(broker: Broker, args: argparse.Namespace) -> int:
@@ -134,13 +181,15 @@ async def _publish(broker: Broker, args: argparse.Namespace) -> int:
     if not args.text:
         try:
             body = json.loads(args.body)
-        except ValueError:
-            body = args.body
+        except ValueError as exc:
+            raise UsageError(
+                f"the body is not valid JSON ({exc}); pass --text to publish it as text"
+            ) from None
     headers = {}
     for item in args.header:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SqlmqError(f"--header takes KEY=VALUE, got {item!r}")
+            raise UsageError(f"--header takes KEY=VALUE, got {item!r}")
         headers[key] = value
     await broker.check_schema()
     msg_id = await broker.publish(args.queue, body, headers=headers, delay=args.delay)
@@ -155,46 +204,110 @@ async def _queues(broker: Broker, args: argparse.Namespace) -> int:
         print(json.dumps([asdict(s) | {"oldest_ready_at": s.oldest_ready_at and
                                        s.oldest_ready_at.isoformat()} for s in stats]))
         return 0
+    columns = ("queue", "pending", "processing", "retryable", "completed", "failed",
+               "oldest ready")
+    found = [(s.queue, str(s.pending), str(s.processing), str(s.retryable), str(s.completed),
+              str(s.failed),
+              s.oldest_ready_at.isoformat(timespec="seconds") if s.oldest_ready_at else "")
+             for s in stats]
+    if not sys.stdout.isatty():  # piped: whole names, one line per queue, tab-separated
+        for line in (columns, *found):
+            print("\t".join(line))
+        return 0
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"sqlmq queues in {broker.url}")
-    for col in ("queue", "pending", "processing", "retryable", "completed", "failed",
-                "oldest ready"):
-        table.add_column(col, justify="left" if col == "queue" else "right")
-    for s in stats:
-        table.add_row(s.queue, str(s.pending), str(s.processing), str(s.retryable),
-                      str(s.completed), str(s.failed),
-                      s.oldest_ready_at.isoformat(timespec="seconds") if s.oldest_ready_at else "")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "queue" else "right",
+                         overflow="fold" if col == "queue" else "ellipsis")
+    for row in found:
+        table.add_row(*row)
     Console().print(table)
     return 0
 
 
 async def _dlq(broker: Broker, args: argparse.Namespace) -> int:
+    _check_dlq_args(args)  # before the database: a usage error is one whatever its state
     await broker.check_schema()
     if args.dlq_command == "list":
-        from sqlalchemy import select
-
-        a = broker.schema.archive
-        stmt = select(a.c.id, a.c.queue, a.c.deliveries_count, a.c.attempts_count,
-                      a.c.archived_at, a.c.error).where(a.c.state == "FAILED")
-        if args.queue:
-            stmt = stmt.where(a.c.queue == args.queue)
-        stmt = stmt.order_by(a.c.archived_at.desc()).limit(args.limit)
-        async with broker.db.connect() as conn:
-            found = (await conn.execute(stmt)).all()
-        for r in found:
-            print(f"{r.id}\t{r.queue}\tdeliveries={r.deliveries_count}\t"
-                  f"attempts={r.attempts_count}\t{r.archived_at.isoformat(timespec='seconds')}\t"
-                  f"{(r.error or '')[:120]}")
-        print(f"{len(found)} failed message(s) shown", file=sys.stderr)
-        return 0
+        return await _dlq_list(broker, args)
     if args.dlq_command == "requeue":
-        if not args.queue and not args.ids:
-            raise SqlmqError("dlq requeue needs --queue or --id (refusing to requeue everything)")
-        n = await broker.engine.requeue_archived(queue=args.queue, ids=args.ids)
-        print(f"requeued {n} message(s)")
+        return await _dlq_requeue(broker, args)
+    return await _dlq_purge(broker, args)
+
+
+async def _dlq_list(broker: Broker, args: argparse.Namespace) -> int:
+    from sqlalchemy import select
+
+    a = broker.schema.archive
+    stmt = select(a.c.id, a.c.queue, a.c.deliveries_count, a.c.attempts_count,
+                  a.c.archived_at, a.c.error).where(a.c.state == "FAILED")
+    if args.queue:
+        stmt = stmt.where(a.c.queue == args.queue)
+    stmt = stmt.order_by(a.c.archived_at.desc(), a.c.id.desc()).limit(args.limit)
+    async with broker.db.connect() as conn:
+        found = (await conn.execute(stmt)).all()
+    if args.json:
+        print(json.dumps([{"id": r.id, "queue": r.queue, "deliveries": r.deliveries_count,
+                           "attempts": r.attempts_count, "archived_at": r.archived_at.isoformat(),
+                           "error": r.error} for r in found]))
         return 0
+    for r in found:
+        print(f"{r.id}\t{r.queue}\tdeliveries={r.deliveries_count}\t"
+              f"attempts={r.attempts_count}\t{r.archived_at.isoformat(timespec='seconds')}\t"
+              f"{_one_line(r.error or '')[:120]}")
+    print(f"{len(found)} failed message(s) shown", file=sys.stderr)
+    return 0
+
+
+def _one_line(text: str) -> str:
+    """An error for a tab-separated line: a traceback's newlines and tabs escaped, so one
+    dead letter stays one line (``--json`` has the text as it is)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace(
+        "\r", "\\r")
+
+
+def _check_dlq_args(args: argparse.Namespace) -> None:
+    if args.dlq_command == "requeue" and not args.queue and not args.ids:
+        raise UsageError("dlq requeue needs --queue or --id (refusing to requeue everything)")
+    if args.dlq_command != "purge":
+        return
+    filtered = args.queue is not None or args.older_than is not None
+    if args.all and filtered:
+        raise UsageError("dlq purge: --all means every dead letter; drop --queue/--older-than")
+    if not filtered and not args.all:
+        raise UsageError("dlq purge needs --queue and/or --older-than DAYS, or --all --yes to "
+                         "delete every dead letter of every queue")
+    if args.all and not args.yes:
+        raise UsageError("dlq purge --all deletes every dead letter of every queue: add --yes "
+                         "to confirm")
+
+
+async def _dlq_requeue(broker: Broker, args: argparse.Namespace) -> int:
+    if args.ids:
+        missing = sorted(set(args.ids) - await _dead_letter_ids(broker, args.ids, args.queue))
+        if missing:
+            where = f" in queue {args.queue!r}" if args.queue else ""
+            raise SqlmqError(f"no dead letter with id {', '.join(map(str, missing))}{where}; "
+                             "nothing requeued (see sqlmq dlq list)")
+    n = await broker.engine.requeue_archived(queue=args.queue, ids=args.ids)
+    print(f"requeued {n} message(s)")
+    return 0
+
+
+async def _dead_letter_ids(broker: Broker, ids: list[int], queue: str | None) -> set[int]:
+    from sqlalchemy import select
+
+    a = broker.schema.archive
+    stmt = select(a.c.id).where(a.c.state == "FAILED", a.c.id.in_(ids))
+    if queue:
+        stmt = stmt.where(a.c.queue == queue)
+    async with broker.db.connect() as conn:
+        return set((await conn.execute(stmt)).scalars())
+
+
+async def _dlq_purge(broker: Broker, args: argparse.Namespace) -> int:
     before = None
     if args.older_than is not None:
         before = datetime.now(UTC) - timedelta(days=args.older_than)
@@ -209,18 +322,21 @@ async def _worker(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise SqlmqError(f"cannot import {module_name!r}: {exc}") from None
+        raise UsageError(f"cannot import {module_name!r}: {exc}") from None
     broker = getattr(module, attr or "broker", None)
     if not isinstance(broker, Broker):
-        raise SqlmqError(f"{args.app!r} is not a sqlmq Broker (got {type(broker).__name__})")
+        raise UsageError(f"{args.app!r} is not a sqlmq Broker (got {type(broker).__name__})")
     if not broker.subscribers:
-        raise SqlmqError(f"{args.app!r} has no subscribers to run")
-    logging.getLogger("sqlmq").info("sqlmq worker on %s: %d subscriber(s)", broker.url,
-                                    len(broker.subscribers))
+        raise UsageError(f"{args.app!r} has no subscribers to run")
     if args.graceful_timeout is not None:
         for sub in broker.subscribers:
             sub.config.graceful_timeout = args.graceful_timeout
-    await broker.run()
+    try:
+        await broker.run()  # logs start, signal, drain and stop
+    except SqlmqError:
+        raise
+    except Exception as exc:  # the database refused the start: one line, no URL secrets
+        raise _database_error(exc, broker.url) from None
     return 0
 
 

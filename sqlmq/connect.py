@@ -10,16 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import re
+import shlex
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote, urlencode
 
 from sqlalchemy import URL, event, make_url
 from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ConnectTimeout
 
 # backend -> (async driver, sync driver)
 _DRIVERS = {
@@ -38,13 +41,7 @@ READ_ONLY = "sqlmq_read_only"
 def parse_url(url: str | URL) -> URL:
     """Validate a database URL and return it with sqlmq's async driver."""
     if isinstance(url, str):
-        try:
-            parsed = make_url(url)
-        except (ArgumentError, ValueError):  # ValueError: a port that is not a number
-            raise ConfigurationError(
-                f"cannot parse database URL {_mask_text(url)!r}: expected postgresql://..., "
-                "mysql://..., mariadb://... or sqlite:///path"
-            ) from None
+        parsed = _parse_text(url)
     else:
         parsed = url
     backend = _ALIASES.get(parsed.get_backend_name(), parsed.get_backend_name())
@@ -63,39 +60,81 @@ def parse_url(url: str | URL) -> URL:
     return parsed.set(drivername=f"{backend}+{driver}")
 
 
+def _parse_text(url: str) -> URL:
+    try:
+        return _split_userinfo(url) or make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise ConfigurationError(
+            f"cannot parse database URL {_mask_text(url)!r}: expected postgresql://..., "
+            "mysql://..., mariadb://... or sqlite:///path"
+        ) from None
+
+
+def _split_userinfo(url: str) -> URL | None:
+    """``user:p@ss@host``: an unencoded ``@`` in the password. SQLAlchemy splits at the
+    first ``@`` (host ``ss@host``, and a log line showing half the password); the host is
+    what follows the last one, as a person reading the URL means."""
+    scheme, sep, rest = url.partition("://")
+    authority = rest.split("?", 1)[0]
+    if not sep or authority.count("@") < 2:
+        return None
+    at = authority.rindex("@")
+    userinfo, hostpart = rest[:at], rest[at + 1 :]
+    user, _, password = userinfo.partition(":")
+    parsed = make_url(f"{scheme}://{hostpart}")
+    return parsed.set(username=unquote(user) or None, password=unquote(password) or None)
+
+
 def sync_url(url: URL) -> URL:
+    """The same database with sqlmq's synchronous driver (``publish_sync``, Spark)."""
     backend = _ALIASES.get(url.get_backend_name(), url.get_backend_name())
     driver = _DRIVERS[backend][1]
     _require(driver)
     return url.set(drivername=f"{backend}+{driver}")
 
 
+# driver -> the sqlmq extra that installs it (SQLite's drivers come with sqlmq itself)
+_EXTRAS = {"asyncpg": "postgresql", "psycopg": "postgresql", "asyncmy": "mysql",
+           "pymysql": "mysql"}
+
+
 def _require(driver: str) -> None:
     module = _MODULES.get(driver, driver)
     if importlib.util.find_spec(module) is None:
+        extra = _EXTRAS.get(driver)
+        hint = f"pip install 'sqlmq[{extra}]'" if extra else f"pip install {driver}"
         raise ConfigurationError(
-            f"database driver {driver!r} is not installed: pip install {driver}"
+            f"database driver {driver!r} is not installed: {hint}"
         )
 
 
+# Query parameters that carry a secret, whatever the driver.
+_SECRET_PARAMS = ("password", "passwd", "sslpassword", "secret", "token")
+
+
 def safe_url(url: str | URL | AsyncEngine | SyncEngine) -> str:
-    """The URL with its password replaced by ``***``."""
+    """The URL with its password replaced by ``***``, in the user info and in the query
+    (``?password=``); the one form of a URL that logs, errors and the CLI show."""
     if isinstance(url, AsyncEngine | SyncEngine):
         url = url.url
     if isinstance(url, str):
         try:
-            url = make_url(url)
+            url = _split_userinfo(url) or make_url(url)
         except (ArgumentError, ValueError):
             return _mask_text(url)
-    return url.render_as_string(hide_password=True)
+    secret = {key: "***" for key in url.query
+              if any(word in key.lower() for word in _SECRET_PARAMS)}
+    if secret:
+        url = url.update_query_dict(secret)
+    return url.render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
 
 
 def _mask_text(url: str) -> str:
-    # An unparseable URL may still carry user:password@; cut it out.
+    # An unparseable URL may still carry user:password@ or ?password=; cut them out.
     if "@" in url and "://" in url:
         scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return url
+        url = f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return re.sub(r"((?:pass|secret|token)[^=&]*=)[^&]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def _engine_options(url: URL) -> dict[str, Any]:
@@ -109,30 +148,176 @@ def _engine_options(url: URL) -> dict[str, Any]:
     return opts
 
 
+#: Seconds a connection attempt may take, handshake included, unless the URL sets
+#: ``connect_timeout``: a server that accepts TCP and never answers must not hang a worker.
+DEFAULT_CONNECT_TIMEOUT = 10
+
+# libpq's TLS parameters; asyncpg reads them from a DSN, not as connect() keywords.
+_LIBPQ_SSL = ("sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "sslcrl",
+              "sslnegotiation", "ssl_min_protocol_version", "ssl_max_protocol_version")
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
 def create_async(url: URL) -> AsyncEngine:
-    if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
-        url = url.update_query_dict({"charset": "utf8mb4"})
+    shown = safe_url(url)
+    url = _with_charset(url)
     options = _engine_options(url)
-    if url.get_backend_name() == "postgresql" and "application_name" in url.query:
-        # asyncpg rejects it as a connect() keyword; it is a server setting there.
-        name = url.query["application_name"]
-        options["connect_args"] = {"server_settings": {"application_name": str(name)}}
-        url = url.difference_update_query(["application_name"])
+    if url.get_backend_name() == "postgresql":
+        url, connect_args = _asyncpg_args(url, shown)
+        options["connect_args"] = connect_args
+    elif url.get_backend_name() in ("mysql", "mariadb"):
+        options["connect_args"] = _asyncmy_args(url, shown)
     engine = create_async_engine(url, **options)
     if url.get_backend_name() == "sqlite":
         prepare_sqlite(engine.sync_engine)
     return engine
 
 
+def _with_charset(url: URL) -> URL:
+    if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
+        return url.update_query_dict({"charset": "utf8mb4"})
+    return url
+
+
+def _asyncpg_args(url: URL, shown: str) -> tuple[URL, dict[str, Any]]:
+    """Translate the libpq parameters every PostgreSQL user writes (``sslmode``,
+    ``connect_timeout``, ``options``, ``application_name``) into asyncpg's arguments:
+    passed through, asyncpg rejects them as unknown ``connect()`` keywords."""
+    import asyncpg
+
+    query = {key: _one(value) for key, value in url.query.items()}
+    settings: dict[str, str] = {}
+    if "options" in query:
+        settings.update(_server_options(query.pop("options")))
+    if "application_name" in query:
+        settings["application_name"] = query.pop("application_name")
+    timeout = _timeout(query.pop("connect_timeout", None))
+    ssl = {key: query.pop(key) for key in _LIBPQ_SSL if key in query}
+    if "sslmode" in ssl and ssl["sslmode"] not in _SSLMODES:
+        raise ConfigurationError(
+            f"sslmode={ssl['sslmode']!r} in {shown}: expected one of {', '.join(_SSLMODES)}"
+        )
+    args: dict[str, Any] = {
+        "timeout": timeout,
+        "async_creator_fn": _bounded(asyncpg.connect, "timeout", shown),
+    }
+    if settings:
+        args["server_settings"] = settings
+    if ssl:  # host, port, user and database still come from the keywords, which win
+        args["dsn"] = "postgresql://?" + urlencode(ssl)
+    return url.set(query=query), args
+
+
+def _asyncmy_args(url: URL, shown: str) -> dict[str, Any]:
+    """asyncmy's own ``connect_timeout`` covers opening the socket only; the handshake
+    would wait for ever, so the whole connect is bounded by the same number."""
+    import asyncmy
+
+    args: dict[str, Any] = {"async_creator_fn": _bounded(asyncmy.connect, "connect_timeout",
+                                                         shown)}
+    if "connect_timeout" not in url.query:
+        args["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+    return args
+
+
+def _one(value: str | tuple[str, ...]) -> str:
+    return value[-1] if isinstance(value, tuple) else value
+
+
+def _timeout(value: str | None) -> float:
+    if value is None:
+        return float(DEFAULT_CONNECT_TIMEOUT)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ConfigurationError(f"connect_timeout must be a positive number of seconds, "
+                                 f"got {value!r}")
+    return seconds
+
+
+def _server_options(options: str) -> dict[str, str]:
+    """libpq's ``options`` (``-c name=value`` or ``--name=value``, repeated) as server
+    settings."""
+    settings: dict[str, str] = {}
+    words = shlex.split(options)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "-c" and i + 1 < len(words):
+            word, i = words[i + 1], i + 1
+        elif word.startswith("-c"):
+            word = word[2:]
+        elif word.startswith("--"):
+            word = word[2:]
+        else:
+            word = ""
+        name, sep, value = word.partition("=")
+        if not sep or not name:
+            raise ConfigurationError(
+                f"cannot read options={options!r}: expected '-c name=value' settings"
+            )
+        settings[name.replace("-", "_")] = value
+        i += 1
+    return settings
+
+
+def _bounded(connect: Callable[..., Any], timeout_keyword: str,
+             shown: str) -> Callable[..., Awaitable[Any]]:
+    """``connect`` with the whole attempt bounded, failing with a message that says what
+    happened (asyncpg's own timeout raises a bare ``TimeoutError``)."""
+
+    async def connect_within(*args: Any, **kwargs: Any) -> Any:
+        timeout = float(kwargs.get(timeout_keyword) or DEFAULT_CONNECT_TIMEOUT)
+        try:
+            return await asyncio.wait_for(connect(*args, **kwargs), timeout)
+        except TimeoutError:
+            raise _connect_timeout(shown, timeout) from None
+
+    return connect_within
+
+
+def _connect_timeout(shown: str, timeout: float) -> ConnectTimeout:
+    return ConnectTimeout(
+        f"no answer from the database server at {shown} within {timeout:g} s "
+        f"(connect_timeout): the server accepted the connection but did not complete the "
+        f"handshake; is this the right host and port, and is the server overloaded?"
+    )
+
+
 def create_sync(url: URL) -> SyncEngine:
     from sqlalchemy import create_engine
 
-    if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
-        url = url.update_query_dict({"charset": "utf8mb4"})
+    shown = safe_url(url)
+    url = _with_charset(url)
+    if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+        url = url.update_query_dict({"connect_timeout": str(DEFAULT_CONNECT_TIMEOUT)})
     engine = create_engine(url, **_engine_options(url))
+    if url.get_backend_name() in ("mysql", "mariadb"):
+        _bound_pymysql_handshake(engine, shown)
     if url.get_backend_name() == "sqlite":
         prepare_sqlite(engine)
     return engine
+
+
+def _bound_pymysql_handshake(engine: SyncEngine, shown: str) -> None:
+    """PyMySQL applies ``connect_timeout`` to opening the socket only and then reads the
+    server's greeting with no timeout: connect with a read timeout, then lift it."""
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        if "read_timeout" in cparams:  # the user's own: it bounds the handshake already
+            return None
+        timeout = cparams.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+        try:
+            conn = dialect.loaded_dbapi.connect(*cargs, read_timeout=timeout, **cparams)
+        except dialect.loaded_dbapi.OperationalError as exc:
+            if "timed out" in str(exc):
+                raise _connect_timeout(shown, timeout) from None
+            raise
+        conn._read_timeout = None  # PyMySQL applies it before each read
+        return conn
 
 
 def prepare_sqlite(engine: SyncEngine) -> None:
@@ -147,7 +332,7 @@ def prepare_sqlite(engine: SyncEngine) -> None:
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _use_wal(cursor, engine.dialect.is_async)
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
@@ -175,6 +360,63 @@ def prepare_sqlite(engine: SyncEngine) -> None:
 
         for name in ("checkin", "close", "invalidate"):
             event.listen(engine, name, _give_back_write_turn)
+
+
+#: How long a new connection keeps trying to switch a new file to WAL while other
+#: connections race to do the same (each try is quick; the backoff between them is short).
+_WAL_SWITCH_TIMEOUT = 30.0
+
+
+def _use_wal(cursor: Any, is_async: bool) -> None:
+    """Put the database file in WAL mode, which it then keeps for good.
+
+    Several processes opening a new file at once (workers started together) race to switch
+    it, and SQLite answers the losers "database is locked" at once, without waiting on the
+    busy timeout. So the mode is read first and switched only if it is not WAL yet, and a
+    "locked" answer is retried, re-reading the mode (another process's switch does as well
+    as ours), with a short bounded backoff. Under aiosqlite this runs on the event loop's
+    thread (in SQLAlchemy's greenlet), so the pause is an ``asyncio.sleep`` there, never a
+    blocking one."""
+    import random
+    import time
+
+    deadline = time.monotonic() + _WAL_SWITCH_TIMEOUT
+    pause = 0.001
+    while True:
+        try:
+            if _journal_mode(cursor, "PRAGMA journal_mode") == "wal":
+                return
+            if _journal_mode(cursor, "PRAGMA journal_mode=WAL") == "wal":
+                return
+            problem: Exception | None = None  # not switched (the old mode came back)
+        except Exception as exc:  # the driver's OperationalError (sqlite3's, or wrapped)
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            problem = exc
+        if time.monotonic() > deadline:
+            raise sqlite3.OperationalError(
+                f"could not switch the SQLite database to WAL mode within "
+                f"{_WAL_SWITCH_TIMEOUT:.0f} s: {problem or 'the journal mode did not change'}"
+            ) from problem
+        _sleep(pause * random.uniform(0.5, 1.5), is_async)
+        pause = min(pause * 2, 0.1)
+
+
+def _journal_mode(cursor: Any, statement: str) -> str:
+    cursor.execute(statement)
+    row = cursor.fetchone()
+    return str(row[0]).lower() if row else ""
+
+
+def _sleep(seconds: float, is_async: bool) -> None:
+    if is_async:
+        from sqlalchemy.util import await_only
+
+        await_only(asyncio.sleep(seconds))
+    else:
+        import time
+
+        time.sleep(seconds)
 
 
 # The write turn of one async engine's connections, per event loop.

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import shlex
+import shutil
 import signal
+import sys
 import time
 import zlib
 from typing import Any
@@ -151,11 +154,27 @@ async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int
     table.add_row("elapsed", f"{elapsed:.1f} s")
     table.add_row("throughput", f"{total / elapsed:,.0f} msg/s (incl. retries and backoff)")
     console.print(table)
-    console.print("Inspect it: sqlmq queues --url "
-                  f"{broker.url} --prefix {PREFIX}; sqlmq dlq list --url {broker.url} "
-                  f"--prefix {PREFIX}")
+    command = sqlmq_command()
+    console.print(f"Inspect it: {command} queues --url {broker.url} --prefix {PREFIX}; "
+                  f"{command} dlq list --url {broker.url} --prefix {PREFIX}")
     ok = left == 0 and sum(states.values()) == total
     return 0 if ok else 1
+
+
+def sqlmq_command(argv0: str | None = None) -> str:
+    """How to run ``sqlmq`` again from this shell: ``sqlmq`` when that name on PATH is the
+    program running now, else the path it was started by (``./dev demo`` runs
+    ``.venv/bin/sqlmq``, which is not on PATH), else ``python -m sqlmq.cli``."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if os.path.basename(argv0) != "sqlmq":
+        return f"{shlex.quote(sys.executable)} -m sqlmq.cli"
+    on_path = shutil.which("sqlmq")
+    if on_path is not None and os.path.exists(argv0) and os.path.samefile(on_path, argv0):
+        return "sqlmq"
+    path = os.path.relpath(argv0) if os.path.isabs(argv0) else argv0
+    if not path.startswith((".", "/")):
+        path = os.path.join(".", path)
+    return shlex.quote(path)
 
 
 def _reset_tables(url: str) -> None:

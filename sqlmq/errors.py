@@ -40,3 +40,16 @@ class HandlerSignatureError(SqlmqError, TypeError):
 
 class AlreadySettled(SqlmqError):
     """A message was acknowledged, nacked or rejected twice within one delivery."""
+
+
+class ConnectTimeout(SqlmqError, TimeoutError):
+    """The database server accepted the connection but did not complete the handshake in
+    time (a TimeoutError, so retry loops treat it like any other lost connection)."""
+
+
+class PublishOutcomeUnknown(SqlmqError, ConnectionError):
+    """The connection to the database was lost after a publish was sent and before its
+    commit was confirmed: the messages may or may not be in the queue. sqlmq does not send
+    it again, which could publish them twice; the caller decides (look for them, or publish
+    again and accept a duplicate). A ConnectionError, so retry loops treat it like any other
+    lost connection."""

@@ -7,6 +7,7 @@ handler-signature cases never reach a database and run once.
 from __future__ import annotations
 
 import importlib.util
+import re
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -111,6 +112,9 @@ def hide_module(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
 
 
 ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg", "mariadb": "asyncmy"}
+# The install command of each: PostgreSQL's and MySQL's drivers come with sqlmq's extras.
+INSTALL = {"sqlite": "pip install aiosqlite", "postgresql": "pip install 'sqlmq[postgresql]'",
+           "mariadb": "pip install 'sqlmq[mysql]'"}
 SYNC_DRIVERS = {"sqlite": ("sqlite3", "pysqlite"), "postgresql": ("psycopg", "psycopg"),
                 "mariadb": ("pymysql", "pymysql")}
 
@@ -120,8 +124,8 @@ def test_missing_async_driver_is_named_with_its_install_command(
 ) -> None:
     driver = ASYNC_DRIVERS[db_kind]
     hide_module(monkeypatch, driver)
-    with pytest.raises(ConfigurationError, match=f"driver '{driver}' is not installed: "
-                                                 f"pip install {driver}"):
+    with pytest.raises(ConfigurationError, match=re.escape(
+            f"driver '{driver}' is not installed: {INSTALL[db_kind]}")):
         Broker(db_url)
 
 
@@ -249,7 +253,7 @@ async def no_params() -> None: ...
 async def keyword_only(*, msg: Message) -> None: ...
 async def keyword_only_extra(msg: Message, *, extra: int) -> None: ...
 async def custom_class(x: Unsupported) -> None: ...
-async def a_set(x: set) -> None: ...  # type: ignore[type-arg]
+async def optional_custom(x: Unsupported | None) -> None: ...
 
 
 @pytest.mark.parametrize(
@@ -260,11 +264,11 @@ async def a_set(x: set) -> None: ...  # type: ignore[type-arg]
         (keyword_only, "must take exactly one positional argument"),
         (keyword_only_extra, "must take exactly one positional argument"),
         (custom_class, "asks for a <class"),
-        (a_set, "asks for a <class 'set'>"),
+        (optional_custom, "asks for a "),
         ("not callable", "is not callable"),
     ],
     ids=["two-required", "no-params", "keyword-only", "keyword-only-extra", "custom-class",
-         "set", "not-callable"],
+         "optional-custom-class", "not-callable"],
 )
 def test_handler_sqlmq_cannot_call_is_refused_at_decoration(
     handler: Any, fragment: str, tmp_path: Any

@@ -85,7 +85,8 @@ async def test_publish_queues_and_dlq_commands(db_url: str, prefix: str, cli_tab
         assert await rows(broker, "archive") == []
         (d,) = await broker.engine.acquire(["orders"], 1, 30)
         await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.FAIL, error="again")])
-        purged = await arun("dlq", "purge", "--url", db_url, "--prefix", prefix)
+        purged = await arun("dlq", "purge", "--url", db_url, "--prefix", prefix,
+                            "--queue", "orders")
         assert "purged 1" in purged.stdout
         assert await rows(broker, "archive") == []
     finally:
@@ -135,14 +136,14 @@ async def test_worker_runs_subscribers_until_sigterm(
         await broker.close()
 
 
-@pytest.mark.parametrize("url", [
-    "redis://localhost/0",
-    "not a url at all",
-    "postgresql://alice:s3cr3t-pw@127.0.0.1:1/nowhere",
+@pytest.mark.parametrize(("url", "status"), [
+    ("redis://localhost/0", 2),
+    ("not a url at all", 2),
+    ("postgresql://alice:s3cr3t-pw@127.0.0.1:1/nowhere", 1),  # a usage error, and a failure
 ])
-def test_bad_urls_fail_with_one_line_and_no_password(url: str) -> None:
+def test_bad_urls_fail_with_one_line_and_no_password(url: str, status: int) -> None:
     proc = run("queues", "--url", url, check=False)
-    assert proc.returncode == 2
+    assert proc.returncode == status
     assert "s3cr3t-pw" not in proc.stderr + proc.stdout
     assert proc.stderr.startswith("sqlmq: error:")
     assert "Traceback" not in proc.stderr
