@@ -2,13 +2,16 @@
 
 Offsets are a per-consumer *lease sequence*, not message ids: ids acquired with SKIP LOCKED
 are not contiguous when other consumers share the queue. Planning batch ``n`` acquires up
-to ``maxMessagesPerBatch`` messages through the engine (a normal, fenced delivery with a
-long lease) and records them in ``spark_lease`` as sequence ``n``; the partitions carry those
-ids, and ``read()`` only reads them, so a retried task or a replay after a restart returns
-the same rows. Sequence ``n`` is archived COMPLETED (the engine's fenced settle) once Spark
+to ``maxMessagesPerBatch`` messages with the engine's acquire statements (a normal, fenced
+delivery with a long lease) and records them in ``spark_lease`` as sequence ``n``, in one
+transaction on every database (a crash between the two would leave messages acquired and
+recorded nowhere until their lease expired); the partitions carry those ids, and
+``read()`` only reads them, so a retried task or a replay after a restart returns the same
+rows. Sequence ``n`` is archived COMPLETED (the engine's fenced settle) once Spark
 has committed it: when it calls ``latestOffset(start=n)`` or ``commit(n)``, on a background
 thread so that Spark runs the next batch meanwhile (a query that finds nothing new waits for
-it). A sequence that was leased but never reached the offset log is reused on restart.
+it). On restart, the sequence right after Spark's last logged offset is reused, and any
+leased further ahead (never logged) is released at once (:meth:`Consumer.release_unlogged`).
 
 The driver keeps a heartbeat on the consumer row (one running query per consumer name) and
 extends the leases it holds, so they outlive a restart as long as the restart comes within
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -56,6 +60,26 @@ _ACQUIRE_CHUNK = 10_000
 #: above reading a few thousand rows: at local[2], 50,000-row batches ran about twice as
 #: fast in two partitions as in five.
 ROWS_PER_PARTITION = 25_000
+
+#: Test-only fault injection. ``SQLMQ_TEST_FAULT=<point>`` or ``<point>:<n>`` makes this
+#: process SIGKILL itself the n-th time (default: the first) it passes the named point, so
+#: that crash tests can kill a driver between any two statements of leasing,
+#: acknowledging and the sequence updates (tests/spark/test_stream_faults.py). Read once at
+#: import; unset, as everywhere outside those tests, a point costs one comparison.
+_FAULT = os.environ.get("SQLMQ_TEST_FAULT") or None
+_fault_hits: list[str] = []
+
+
+def _fault(point: str) -> None:
+    """Die here if the crash test asked for it (see ``_FAULT``)."""
+    if _FAULT is None or not _FAULT.startswith(point):
+        return
+    nth = _FAULT[len(point):]
+    if nth not in ("", ":") and not (nth[0] == ":" and nth[1:].isdigit()):
+        return  # another point whose name starts with this one's
+    _fault_hits.append(point)  # list.append is atomic: points are passed on two threads
+    if len(_fault_hits) == int(nth[1:] or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class ConsumerBusy(SqlmqError):
@@ -121,9 +145,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._consumer: Consumer | None = None
         self._budget: int | None = None
+        self._available_now = False
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_consumer": None, "_budget": None}
+        return {"options": self.options, "_consumer": None, "_budget": None,
+                "_available_now": False}
 
     @property
     def consumer(self) -> Consumer:
@@ -139,11 +165,16 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        # "Available now" = what is ready at this moment; later publishes wait for the next run.
-        self._budget = self.consumer.ready_count()
+        # "Available now" = what is ready when the first batch is planned, counted after
+        # what a previous run left leased ahead is given back (release_unlogged); later
+        # publishes wait for the next run.
+        self._available_now = True
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         c = self.consumer
+        c.release_unlogged(start["seq"])
+        if self._available_now and self._budget is None:
+            self._budget = c.ready_count()
         n = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if self._budget is not None:
             n = self._budget if n is None else min(n, self._budget)
@@ -294,6 +325,8 @@ class Consumer:
         # (id, deliveries, attempts) of sequences just leased, by sequence, sorted like
         # _leases: partitions() takes them instead of reading spark_lease back.
         self._fresh: dict[int, list[tuple[int, int, int]]] = {}
+        self._cap: int | None = None  # see _take_cap
+        self._swept = False  # see release_unlogged
         self.claim()
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
@@ -448,22 +481,56 @@ class Consumer:
             self._acknowledge_pg(upto)
             return
         lt, c = self.s.spark_lease, self.s.spark_consumer
-        with self.db.engine().connect() as conn:
-            held = self._leases(conn, lt.c.seq <= upto)
+        complete = (self._complete_sqlite if self.db.engine().dialect.name == "sqlite"
+                    else self._complete_mysql)
         landed = 0
-        step = 50_000 if self.db.engine().dialect.name == "postgresql" else 5000
-        for i in range(0, len(held), step):
-            chunk = held[i : i + step]
-            landed += len(self._io.run(self._broker.engine.settle(
-                [Settlement(x, d, Outcome.COMPLETE) for x, d, _ in chunk])))
+        # One transaction, as on PostgreSQL: the archive, the lease rows and the sequence
+        # move together, so a crash leaves the sequence wholly acknowledged or not at all
+        # (and the restarted query acknowledges it again: Spark committed it). The
+        # consumer row first, as when leasing.
+        with self.db.engine().begin() as conn:
+            conn.execute(update(c).where(c.c.consumer == self.o.consumer, c.c.acked_seq < upto)
+                         .values(acked_seq=upto))
+            _fault("ack:sequenced")
+            held = self._leases(conn, lt.c.seq <= upto)
+            _fault("ack:read")
+            for i in range(0, len(held), 5000):
+                landed += complete(conn, held[i : i + 5000])
+                _fault("ack:settled")
+            conn.execute(delete(lt).where(lt.c.consumer == self.o.consumer, lt.c.seq <= upto))
+            _fault("ack:deleted")
+        _fault("ack:committed")
         if landed < len(held):
             log.warning("sqlmq stream %s: %d of %d committed messages had lost their lease "
                         "(delivered again elsewhere)", self.o.consumer, len(held) - landed,
                         len(held))
-        with self.db.engine().begin() as conn:
-            conn.execute(delete(lt).where(lt.c.consumer == self.o.consumer, lt.c.seq <= upto))
-            conn.execute(update(c).where(c.c.consumer == self.o.consumer, c.c.acked_seq < upto)
-                         .values(acked_seq=upto))
+
+    def _complete_sqlite(self, conn: Any, held: list[tuple[int, int, int]]) -> int:
+        """SQLite: the engine's fenced COMPLETE settle, in ``conn``'s transaction."""
+        from ..engines.base import SqlEngine
+        from ..engines.sqlite import archive_statements
+
+        archive, remove = archive_statements(self.s.names)
+        batch = {"input": SqlEngine.settlement_json(
+            [Settlement(x, d, Outcome.COMPLETE) for x, d, _ in held])}
+        conn.exec_driver_sql(archive, batch)
+        return len(conn.exec_driver_sql(remove, batch).all())
+
+    def _complete_mysql(self, conn: Any, held: list[tuple[int, int, int]]) -> int:
+        """MySQL/MariaDB: the engine's fenced COMPLETE settle, in ``conn``'s transaction
+        (its rows locked in id order, like the engine's)."""
+        from ..engines.base import SqlEngine
+        from ..engines.mysql import archive_statements
+
+        put, lock, archive, remove, clear = archive_statements(self.s.names)
+        ordered = sorted(held)
+        conn.exec_driver_sql(put, (SqlEngine.settlement_json(
+            [Settlement(x, d, Outcome.COMPLETE) for x, d, _ in ordered]),))
+        landed = len(conn.exec_driver_sql(lock).all())
+        conn.exec_driver_sql(archive)
+        conn.exec_driver_sql(remove)
+        conn.exec_driver_sql(clear)
+        return landed
 
     def _acknowledge_pg(self, upto: int) -> None:
         """PostgreSQL: the lease rows feed the engine's fenced COMPLETE settle in one
@@ -474,8 +541,11 @@ class Consumer:
         with self.db.engine().begin() as conn:
             held, landed = conn.execute(stmt, {"consumer": self.o.consumer,
                                                "upto": upto}).one()
+            _fault("ack:settled")
             conn.execute(update(c).where(c.c.consumer == self.o.consumer, c.c.acked_seq < upto)
                          .values(acked_seq=upto))
+            _fault("ack:sequenced")
+        _fault("ack:committed")
         if landed < held:
             log.warning("sqlmq stream %s: %d of %d committed messages had lost their lease "
                         "(delivered again elsewhere)", self.o.consumer, held - landed, held)
@@ -516,6 +586,36 @@ class Consumer:
         self._ahead_seq = last + 1
         self._ahead = self._ahead_pool.submit(self._lease_fresh, last + 1, limit)
 
+    def release_unlogged(self, start: int) -> None:
+        """Once per run, at the first planning: give back the messages of sequences past
+        ``start + 1``. Spark logs each offset it plans before it asks for the next one, so
+        those sequences were leased ahead by a run that died before Spark logged the batch
+        before them, and no replay will read them (``start + 1`` itself is reused by
+        :meth:`lease_next`). Left alone they would sit PROCESSING until their lease
+        expired, or be acknowledged with a later sequence without ever being read. Released
+        without a refund: the delivery number moves on, so a lease row that survives a crash
+        here can never match a later delivery."""
+        if self._swept:
+            return
+        self._check()
+        lt = self.s.spark_lease
+        with self.db.engine().connect() as conn:
+            stale = self._leases(conn, lt.c.seq > start + 1)
+        released = 0
+        for i in range(0, len(stale), 5000):
+            released += len(self._io.run(self._broker.engine.settle([
+                Settlement(x, d, Outcome.RELEASE, attempted=False)
+                for x, d, _ in stale[i : i + 5000]])))
+            _fault("sweep:released")
+        if stale:
+            with self.db.engine().begin() as conn:
+                conn.execute(delete(lt).where(lt.c.consumer == self.o.consumer,
+                                              lt.c.seq > start + 1))
+            _fault("sweep:deleted")
+            log.info("sqlmq stream %s: released %d messages a previous run had leased ahead "
+                     "of Spark's offset log", self.o.consumer, released)
+        self._swept = True
+
     def lease_next(self, start: int, limit: int | None) -> tuple[int, int]:
         """The end offset of the next batch and how many messages were newly acquired."""
         self._check()
@@ -537,6 +637,7 @@ class Consumer:
             # Leased before a crash but never logged by Spark: keep what is still ours.
             kept = self._io.run(self._broker.engine.extend(
                 [(x, d) for x, d, _ in orphan], self.o.lease))
+            _fault("reuse:extended")
             if kept:
                 if len(kept) < len(orphan):
                     with self.db.engine().begin() as conn:
@@ -552,67 +653,120 @@ class Consumer:
         return (nxt, got_n) if got_n else (start, 0)
 
     def _lease_fresh(self, nxt: int, limit: int | None) -> int:
-        """Acquire up to ``limit`` messages and record them as sequence ``nxt``."""
-        if self.db.engine().dialect.name == "postgresql":
-            return self._lease_fresh_pg(nxt, limit)
-        lt, c = self.s.spark_lease, self.s.spark_consumer
-        got: list[Any] = []
-        while limit is None or len(got) < limit:
-            want = _ACQUIRE_CHUNK if limit is None else min(_ACQUIRE_CHUNK, limit - len(got))
-            batch = self._io.run(self._broker.engine.acquire([self.o.queue], want, self.o.lease))
-            got += batch
-            if len(batch) < want:
-                break
-        if not got:
-            return 0
-        with self.db.engine().begin() as conn:
-            rows = [{"consumer": self.o.consumer, "seq": nxt, "id": d.id,
-                     "deliveries": d.deliveries, "attempts": d.attempts} for d in got]
-            leased = sorted((d.id, d.deliveries, d.attempts) for d in got)
-            for i in range(0, len(rows), 1000):
-                conn.execute(insert(lt), rows[i : i + 1000])
-            owned = conn.execute(
-                update(c).where(c.c.consumer == self.o.consumer, c.c.owner == self.token)
-                .values(leased_seq=func.greatest(c.c.leased_seq, nxt)
-                        if conn.dialect.name != "sqlite" else func.max(c.c.leased_seq, nxt))
-            ).rowcount
-            if not owned:
-                raise ConsumerBusy(f"consumer {self.o.consumer!r} was taken over by another "
-                                   "query while leasing")
-        self._fresh[nxt] = leased
-        return len(got)
-
-    def _lease_fresh_pg(self, nxt: int, limit: int | None) -> int:
-        """PostgreSQL: the engine's own acquire statement feeding the lease rows, in the
-        transaction that checks ownership, so the messages never travel to this process and
-        nothing is acquired without being recorded."""
-        from ..engines.postgres import acquire_text
-
-        c = self.s.spark_consumer
-        stmt = text(_LEASE_PG.format(
-            acquire=acquire_text("queue = :queue").format(**self.s.names),
-            lease=self.s.spark_lease.name))
+        """Acquire up to ``limit`` messages and record them as sequence ``nxt``, in the
+        transaction that checks ownership. On every database the acquire and its lease rows
+        commit together: a crash at any instant leaves the messages either untouched or
+        leased *and* recorded (a restart reuses or releases them), never acquired and
+        recorded nowhere, which would hold them PROCESSING until their lease expired."""
+        take = self._take_function()
+        cap = self._take_cap()
         leased: list[tuple[int, int, int]] = []
         with self.db.engine().begin() as conn:
-            owned = conn.execute(
-                update(c).where(c.c.consumer == self.o.consumer, c.c.owner == self.token)
-                .values(leased_seq=func.greatest(c.c.leased_seq, nxt))
-            ).rowcount
-            if not owned:
-                raise ConsumerBusy(f"consumer {self.o.consumer!r} was taken over by another "
-                                   "query while leasing")
+            self._own(conn, nxt)
+            _fault("lease:owned")
             while limit is None or len(leased) < limit:
-                want = _ACQUIRE_CHUNK if limit is None else limit - len(leased)
-                got = conn.execute(stmt, {"queue": self.o.queue, "limit": want,
-                                          "lease": float(self.o.lease),
-                                          "consumer": self.o.consumer, "seq": nxt}).all()
-                leased += [tuple(r) for r in got]  # type: ignore[misc]
+                want = min(cap, _ACQUIRE_CHUNK if limit is None else limit - len(leased))
+                got = take(conn, nxt, want)
+                leased += got
                 if len(got) < want:
                     break
+            _fault("lease:recorded")
+        _fault("lease:committed")
         if leased:
             leased.sort()
             self._fresh[nxt] = leased
         return len(leased)
+
+    def _own(self, conn: Any, nxt: int) -> None:
+        """Record ``nxt`` as leased, if this driver still owns the consumer name (the row
+        lock also keeps a takeover out until the lease is recorded)."""
+        c = self.s.spark_consumer
+        highest = (func.max(c.c.leased_seq, nxt) if conn.dialect.name == "sqlite"
+                   else func.greatest(c.c.leased_seq, nxt))
+        owned = conn.execute(
+            update(c).where(c.c.consumer == self.o.consumer, c.c.owner == self.token)
+            .values(leased_seq=highest)
+        ).rowcount
+        if not owned:
+            raise ConsumerBusy(f"consumer {self.o.consumer!r} was taken over by another "
+                               "query while leasing")
+
+    def _take_function(self) -> Any:
+        return {"postgresql": self._take_pg, "mysql": self._take_mysql,
+                "mariadb": self._take_mysql,
+                "sqlite": self._take_sqlite}[self.db.engine().dialect.name]
+
+    def _take_cap(self) -> int:
+        """Most messages one acquire takes: a whole batch on PostgreSQL (one statement),
+        what fits the id list on MySQL/MariaDB, ``_ACQUIRE_CHUNK`` on SQLite."""
+        if self._cap is None:
+            engine = self.db.engine()
+            self._cap = 2**62 if engine.dialect.name == "postgresql" else _ACQUIRE_CHUNK
+            if engine.dialect.name in ("mysql", "mariadb"):
+                from ..engines.mysql import take_limit
+
+                concat = None
+                if getattr(engine.dialect, "is_mariadb", False):
+                    with engine.connect() as conn:
+                        concat = int(conn.exec_driver_sql(
+                            "SELECT @@group_concat_max_len").scalar_one())
+                self._cap = min(_ACQUIRE_CHUNK, take_limit(concat))
+        return self._cap
+
+    def _take_pg(self, conn: Any, nxt: int, want: int) -> list[tuple[int, int, int]]:
+        """PostgreSQL: the engine's own acquire statement feeding the lease rows, in one
+        statement: the messages never travel to this process."""
+        from ..engines.postgres import acquire_text
+
+        stmt = text(_LEASE_PG.format(
+            acquire=acquire_text("queue = :queue").format(**self.s.names),
+            lease=self.s.spark_lease.name))
+        got = conn.execute(stmt, {"queue": self.o.queue, "limit": want,
+                                  "lease": float(self.o.lease),
+                                  "consumer": self.o.consumer, "seq": nxt}).all()
+        _fault("lease:taken")
+        return [tuple(r) for r in got]  # type: ignore[misc]
+
+    def _take_mysql(self, conn: Any, nxt: int, want: int) -> list[tuple[int, int, int]]:
+        """MySQL/MariaDB: the engine's lock and take statements, then the lease rows copied
+        from the taken ids on the server, all in the caller's transaction."""
+        from ..engines.mysql import lease_statements
+
+        lock, take, taken = lease_statements(self.s.names)
+        lt = self.s.spark_lease.name
+        conn.exec_driver_sql(lock, (self.o.queue, want))
+        _fault("lease:locked")
+        conn.exec_driver_sql(take, (round(self.o.lease * 1_000_000),))
+        _fault("lease:taken")
+        conn.exec_driver_sql(
+            f"INSERT INTO {lt} (consumer, seq, id, deliveries, attempts) "
+            f"SELECT %s, %s, m.id, m.deliveries_count, m.attempts_count FROM {taken}",
+            (self.o.consumer, nxt))
+        _fault("lease:inserted")
+        rows = conn.exec_driver_sql(
+            f"SELECT m.id, m.deliveries_count, m.attempts_count FROM {taken}").all()
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    def _take_sqlite(self, conn: Any, nxt: int, want: int) -> list[tuple[int, int, int]]:
+        """SQLite: the engine's ready and take statements, then the lease rows, in the
+        caller's write transaction (BEGIN IMMEDIATE)."""
+        from ..engines.sqlite import lease_statements
+
+        ready_sql, take_sql = lease_statements(self.s.names)
+        ready = conn.exec_driver_sql(ready_sql, {"queue": self.o.queue, "limit": want}).all()
+        _fault("lease:locked")
+        if not ready:
+            return []
+        taken = conn.exec_driver_sql(take_sql, {"ids": json.dumps([r[0] for r in ready]),
+                                                "lease": float(self.o.lease)}).all()
+        _fault("lease:taken")
+        leased = [(r[0], r[5], r[4]) for r in taken]  # id, deliveries, attempts
+        rows = [{"consumer": self.o.consumer, "seq": nxt, "id": x, "deliveries": d,
+                 "attempts": a} for x, d, a in leased]
+        for i in range(0, len(rows), 1000):
+            conn.execute(insert(self.s.spark_lease), rows[i : i + 1000])
+        _fault("lease:inserted")
+        return leased
 
     def extend(self) -> None:
         lt = self.s.spark_lease

@@ -255,3 +255,27 @@ async def test_replayed_streaming_batch_is_published_once(
             for token in ("first", "replay")] == [2, 0]
     async with broker.db.connect() as conn:
         assert (await conn.execute(select(broker.schema.spark_staging))).all() == []
+
+
+async def test_a_batch_takes_max_messages_per_batch_even_past_one_acquire_statement(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    """MariaDB's acquire statement takes at most about 3,120 ids (what fits its id list):
+    a batch of 5,000 takes several statements, all in the transaction that records them."""
+    from sqlmq.spark.options import Database
+    from sqlmq.spark.stream import Consumer, StreamOptions
+
+    await broker.publish_batch("big", [{"n": i} for i in range(5001)])
+    o = StreamOptions(db=Database(db_url, prefix), queue="big", consumer="big",
+                      max_per_batch=5000, lease=360.0, consumer_timeout=120.0,
+                      rows_per_partition=5000)
+    consumer = Consumer(o)
+    try:
+        assert consumer.lease_next(0, 5000) == (1, 5000)
+        assert len(consumer.leased(0, 1)) == 5000
+    finally:
+        consumer.close()
+    lt = broker.schema.spark_lease
+    async with broker.db.connect() as conn:
+        assert len((await conn.execute(select(lt.c.id).where(lt.c.seq == 1))).all()) == 5000
+    assert len(await rows(broker, state="PROCESSING")) == 5000
