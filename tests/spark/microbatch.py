@@ -14,7 +14,8 @@ the batch is replayed), and without a JVM, so a test can SIGKILL it at any named
 
 Two points of its own mark Spark's windows: ``spark:planned`` (an offset returned, not yet
 logged, its lease ahead committed) and ``spark:written`` (the sink written, the commit log
-not). Run: ``python -m tests.spark.microbatch URL PREFIX CHECKPOINT_DIR OUT_DIR``.
+not). Run: ``python -m tests.spark.microbatch URL PREFIX CHECKPOINT_DIR OUT_DIR``, or
+``--serve`` to fork a driver per request (see :func:`serve`).
 """
 
 from __future__ import annotations
@@ -119,5 +120,51 @@ def _wait_ahead(reader: QueueStreamReader) -> None:
         ahead.exception()
 
 
+PRELOAD = ("pandas", "pyarrow", "pyarrow.pandas_compat",
+           "sqlalchemy.dialects.postgresql.asyncpg", "sqlalchemy.dialects.postgresql.psycopg",
+           "sqlalchemy.dialects.mysql.asyncmy", "sqlalchemy.dialects.mysql.pymysql",
+           "sqlalchemy.dialects.sqlite.aiosqlite", "sqlalchemy.dialects.sqlite.pysqlite")
+
+
+def serve() -> None:
+    """Fork one driver per request, with pyspark and sqlmq already imported (importing them
+    costs each fresh interpreter over two seconds, most of a crash case). This process has
+    no threads and no connections, so a fork inherits nothing half-held.
+
+    A request is one JSON line on stdin, ``[url, prefix, checkpoint, out, log, fault]``;
+    the answer one line on stdout: the driver's exit code, negative for a signal (-9 for a
+    fault point's SIGKILL)."""
+    import importlib
+    import traceback
+
+    from sqlmq.spark import stream
+
+    for module in PRELOAD:  # what a driver run imports on first use (pandas alone: ~1.3 s)
+        importlib.import_module(module)
+
+    for line in sys.stdin:
+        url, prefix, ck_dir, out, log, fault = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the driver
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            stream._FAULT = fault
+            code = 0
+            try:
+                run(url, prefix, Path(ck_dir), Path(out))
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+
+
 if __name__ == "__main__":
-    run(sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        run(sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))

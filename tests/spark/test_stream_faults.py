@@ -15,7 +15,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,21 +67,47 @@ def cases() -> list[tuple[str, tuple[str, ...]]]:
     ]
 
 
-def run_driver(db_url: str, prefix: str, tmp: Path, fault: str | None) -> int:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("SQLMQ_TEST_FAULT", None)
-    if fault:
-        env["SQLMQ_TEST_FAULT"] = fault
-    log = open(tmp / "driver.log", "ab")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.spark.microbatch", db_url, prefix,
-             str(tmp / "ck"), str(tmp / "out")],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=300,
+class Drivers:
+    """Starts drivers through one ``microbatch --serve`` process per test process, which
+    forks each from an interpreter that has pyspark and sqlmq imported already."""
+
+    def __init__(self) -> None:
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "tests.spark.microbatch", "--serve"], cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True,
         )
+        self.lock = threading.Lock()
+
+    def run(self, db_url: str, prefix: str, tmp: Path, fault: str | None) -> int:
+        """One driver run to its end (or its fault point); its exit code."""
+        assert self.server.stdin is not None and self.server.stdout is not None
+        request = [db_url, prefix, str(tmp / "ck"), str(tmp / "out"),
+                   str(tmp / "driver.log"), fault]
+        with self.lock:
+            self.server.stdin.write(json.dumps(request) + "\n")
+            self.server.stdin.flush()
+            answer = self.server.stdout.readline()
+        assert answer, f"the driver server ended (exit {self.server.poll()})"
+        return int(answer)
+
+    def close(self) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.close()
+        try:
+            self.server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+
+
+@pytest.fixture(scope="module")
+def drivers() -> Iterator[Drivers]:
+    d = Drivers()
+    try:
+        yield d
     finally:
-        log.close()
-    return proc.returncode
+        d.close()
 
 
 async def unrecorded(broker: Broker) -> list[int]:
@@ -121,18 +149,18 @@ async def name_free(broker: Broker) -> bool:
                          ids=[f"{db}-{'+'.join(f)}" for db, f in cases()])
 async def test_killed_driver_restarts_and_every_message_is_read_and_archived_once(
     broker: Broker, db_url: str, prefix: str, db_kind: str, tmp_path: Path,
-    faults: tuple[str, ...],
+    faults: tuple[str, ...], drivers: Drivers,
 ) -> None:
     ids = await broker.publish_batch(microbatch.QUEUE, [{"n": i} for i in range(MESSAGES)])
     for fault in faults:
-        code = await asyncio.to_thread(run_driver, db_url, prefix, tmp_path, fault)
+        code = await asyncio.to_thread(drivers.run, db_url, prefix, tmp_path, fault)
         log = (tmp_path / "driver.log").read_text(errors="replace")[-3000:]
         assert code == -signal.SIGKILL, f"{fault} never reached (exit {code}): {log}"
         assert await unrecorded(broker) == []
         assert await archived_but_held(broker) == []
         await wait_until(lambda: name_free(broker), timeout=30, message="a stale heartbeat")
 
-    code = await asyncio.to_thread(run_driver, db_url, prefix, tmp_path, None)
+    code = await asyncio.to_thread(drivers.run, db_url, prefix, tmp_path, None)
     log = (tmp_path / "driver.log").read_text(errors="replace")[-3000:]
     assert code == 0, log
 
