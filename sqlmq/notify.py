@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .backoff import Backoff
+from .engines.pg_errors import connection_lost
 from .schema import Schema
 from .tasks import cancel_and_wait
 
@@ -73,6 +74,11 @@ class Listener:
                 raise
             except Exception as exc:
                 self.connected.clear()
+                if connection_lost(exc):  # e.g. the pool's pre-ping on a killed backend:
+                    # an ordinary disconnection, one warning line without asyncpg's
+                    # internal state text or a traceback
+                    exc = ConnectionError(f"the listening connection was lost "
+                                          f"({type(exc).__name__})")
                 await backoff.failed(exc)
 
     async def _listen_once(self, backoff: Backoff) -> None:

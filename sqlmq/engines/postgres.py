@@ -41,6 +41,7 @@ from .base import (
     driver_connection,
     undecodable_delivery,
 )
+from .pg_errors import connection_lost, from_driver, never_sent
 
 # The second condition on m.id is for the planner: without it, a ready CTE of a few hundred
 # rows is hash-joined to a sequential scan of the whole backlog; with it, the rows are
@@ -195,7 +196,7 @@ _INDEX_PLANS_OFF = "; ".join(f"RESET {name}" for name in _INDEX_PLANS)
 _PLANNED = "sqlmq_index_plans"  # the key in a connection's info while they are set
 
 #: Tries of a statement whose connection turns out dead before anything reached the server
-#: (see _never_sent): every kept connection dies at once when the server restarts or an
+#: (see never_sent): every kept connection dies at once when the server restarts or an
 #: administrator ends sqlmq's sessions.
 _SEND_TRIES = KeptConnections.KEEP_IDLE + 2
 
@@ -307,10 +308,10 @@ class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
             except Exception as exc:
                 if conn is not None:
                     await discard(conn)
-                lost = _never_sent(exc) or _connection_lost(exc)
-                if lost and stage[0] == "COMMIT" and not _never_sent(exc):
+                lost = never_sent(exc) or connection_lost(exc)
+                if lost and stage[0] == "COMMIT" and not never_sent(exc):
                     raise _publish_unknown(messages, exc) from exc
-                if lost and (conn is not None or _never_sent(exc)) and attempt < _SEND_TRIES:
+                if lost and (conn is not None or never_sent(exc)) and attempt < _SEND_TRIES:
                     _log_discarded(exc)
                     continue
                 raise self._translated(exc, stage[0]) from exc
@@ -372,12 +373,12 @@ class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
             except Exception as exc:
                 if conn is not None:
                     await discard(conn)
-                never_sent = _never_sent(exc) or (
-                    conn is not None and not sent and _connection_lost(exc))
-                if never_sent and attempt < _SEND_TRIES:
+                unsent = never_sent(exc) or (
+                    conn is not None and not sent and connection_lost(exc))
+                if unsent and attempt < _SEND_TRIES:
                     _log_discarded(exc)
                     continue
-                if unknown is not None and sent and not never_sent and _connection_lost(exc):
+                if unknown is not None and sent and not unsent and connection_lost(exc):
                     raise unknown(exc) from exc
                 raise self._translated(exc, statement) from exc
             except BaseException:
@@ -403,7 +404,7 @@ class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
 
     def _translated(self, exc: Exception, statement: str) -> Exception:
         """asyncpg's error (or a socket's) as SQLAlchemy's; anything else as it is."""
-        if isinstance(exc, SQLAlchemyError) or not _from_driver(exc):
+        if isinstance(exc, SQLAlchemyError) or not from_driver(exc):
             return exc
         return _as_sqlalchemy_error(exc, statement, self.db.dialect)
 
@@ -417,7 +418,7 @@ class PostgresEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                 async with self.db.begin() as conn:
                     return await work(conn)
             except Exception as exc:
-                if _never_sent(exc) and attempt < _SEND_TRIES:
+                if never_sent(exc) and attempt < _SEND_TRIES:
                     _log_discarded(exc)
                     continue
                 raise self._translated(exc, "") from exc
@@ -458,40 +459,6 @@ def _as_sqlalchemy_error(exc: Exception, statement: str, dialect: Any) -> Except
             orig = translate[cls](exc.args[0] if exc.args else str(exc), exc)
             return DBAPIError.instance(statement, None, orig, dbapi.Error, dialect=dialect)
     return DBAPIError.instance(statement, None, exc, Exception, dialect=dialect)
-
-
-def _never_sent(exc: BaseException) -> bool:
-    """asyncpg refused to start a statement on a connection it already knew dead: the
-    server's goodbye (``terminating connection due to administrator command``) came while the
-    connection sat idle, or it is closed. Nothing reached the server."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        exc = exc.orig.__cause__ or exc.orig
-    if asyncpg is None:
-        return False
-    text = str(exc)
-    return ((isinstance(exc, asyncpg.InternalClientError)
-             and text.startswith("cannot switch to state"))
-            or (isinstance(exc, asyncpg.InterfaceError) and "connection is closed" in text))
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    """The connection died: a socket error, asyncpg's word for it, or the server's (SQLSTATE
-    class 08, or 57P: the server shutting down or ending the session)."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        exc = exc.orig.__cause__ or exc.orig
-    if isinstance(exc, OSError | TimeoutError):
-        return True
-    if asyncpg is not None and isinstance(exc, asyncpg.InterfaceError
-                                          | asyncpg.InternalClientError
-                                          | asyncpg.PostgresConnectionError):
-        return True
-    return str(getattr(exc, "sqlstate", "") or "").startswith(("08", "57P"))
-
-
-def _from_driver(exc: BaseException) -> bool:
-    return isinstance(exc, OSError | TimeoutError) or (
-        asyncpg is not None and isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError
-                                           | asyncpg.InternalClientError))
 
 
 def _log_discarded(exc: BaseException) -> None:
