@@ -447,8 +447,8 @@ class Broker:
     def _log_drain(self) -> None:
         if not self._runtimes:
             return
-        running = sum(getattr(r, "_running", 0) for r in self._runtimes)
-        buffered = sum(r._buffer.qsize() for r in self._runtimes if hasattr(r, "_buffer"))
+        running = sum(r.running for r in self._runtimes)
+        buffered = sum(r.buffered for r in self._runtimes)
         log.info("draining: %d handler(s) running get up to %gs to finish, %d fetched "
                  "message(s) not started go back to the queue", running,
                  max(r.cfg.graceful_timeout for r in self._runtimes), buffered)

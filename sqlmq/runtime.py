@@ -170,6 +170,16 @@ class SubscriberRuntime:
                           LOOP_RESTART_DELAY, exc_info=exc)
             await asyncio.sleep(LOOP_RESTART_DELAY)
 
+    @property
+    def running(self) -> int:
+        """Handlers in flight."""
+        return self._running
+
+    @property
+    def buffered(self) -> int:
+        """Fetched messages not started yet (a stop gives them back)."""
+        return self._buffer.qsize()
+
     async def stop(self, graceful_timeout: float | None = None) -> None:
         """Stop fetching, give unstarted messages back, let running handlers finish within
         ``graceful_timeout``, then flush everything."""
