@@ -137,24 +137,23 @@ $bench$
 def limit_statement(engine: Any, batch: int) -> str:
     """sqlmq's PostgreSQL acquire and settle statements, inside one server-side loop.
 
-    The named parameters become the loop's variables and constants; each acquire and each
+    The ``$n`` parameters become the loop's variables and constants; each acquire and each
     settle commits on its own, as it does when the runtime drives them."""
-    from sqlmq.engines import postgres
+    from sqlmq.engines.sql import postgresql, render
 
-    names = engine.schema.names
-    acquire = postgres.acquire_text("queue = :queue").format(**names)
-    acquire = _bind(acquire, {"queue": f"'{QUEUE}'", "limit": str(batch), "lease": "30"})
-    settle = postgres._SETTLE.format(**names)
+    acquire = render(postgresql.ACQUIRE, engine.names)
+    acquire = _bind(acquire, [f"'{QUEUE}'", str(batch), "30"])  # queue, limit, lease
+    settle = render(postgresql.SETTLE, engine.names)
     n = "cardinality(v_ids)"
-    settle = _bind(settle, {
-        "ids": "v_ids", "deliveries": "v_dels",
-        "outcomes": f"array_fill('COMPLETED'::TEXT, ARRAY[{n}])",
-        "errors": f"array_fill(NULL::TEXT, ARRAY[{n}])",
-        "delays": f"array_fill(0::DOUBLE PRECISION, ARRAY[{n}])",
-        "refunds": f"array_fill(0, ARRAY[{n}])",
-        "attempts": f"array_fill(1, ARRAY[{n}])",
-        "histories": f"array_fill(NULL::TEXT, ARRAY[{n}])",
-    })
+    settle = _bind(settle, [  # ids, deliveries, outcomes, errors, delays, refunds, ...
+        "v_ids", "v_dels",
+        f"array_fill('COMPLETED'::TEXT, ARRAY[{n}])",
+        f"array_fill(NULL::TEXT, ARRAY[{n}])",
+        f"array_fill(0::DOUBLE PRECISION, ARRAY[{n}])",
+        f"array_fill(0, ARRAY[{n}])",
+        f"array_fill(1, ARRAY[{n}])",
+        f"array_fill(NULL::TEXT, ARRAY[{n}])",
+    ])
     last = "SELECT id FROM archived UNION ALL SELECT id FROM moved"
     if last not in settle:
         raise RuntimeError("the settle statement changed shape; update bench/drain.py")
@@ -164,11 +163,9 @@ def limit_statement(engine: Any, batch: int) -> str:
     return _LIMIT_LOOP.format(acquire=acquire.strip(), settle=settle.strip())
 
 
-def _bind(sql: str, values: dict[str, str]) -> str:
-    def sub(m: re.Match[str]) -> str:
-        return values[m.group(1)] if m.group(1) in values else m.group(0)
-
-    return re.sub(r"(?<!:):([a-z_]+)", sub, sql)
+def _bind(sql: str, values: list[str]) -> str:
+    """``$n`` parameters replaced by ``values[n - 1]``."""
+    return re.sub(r"\$(\d+)", lambda m: values[int(m.group(1)) - 1], sql)
 
 
 async def drain_limit(n: int, batch: int = LIMIT_BATCH) -> float:

@@ -17,6 +17,7 @@ from .errors import (
     SchemaError,
     SqlmqError,
 )
+from .lifecycle import AckPolicy, Outcome, State
 from .message import Message
 from .records import Delivery, QueueStats, Settlement
 from .retry import Retry, RetryStrategy
@@ -28,7 +29,6 @@ from .schema import (
     message_table,
     metadata,
 )
-from .states import AckPolicy, Outcome, State
 
 __all__ = [
     "SCHEMA_VERSION",

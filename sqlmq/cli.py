@@ -18,6 +18,7 @@ from typing import Any
 from .broker import Broker
 from .connect import safe_url
 from .errors import ConfigurationError, PublishError, SqlmqError
+from .lifecycle import State
 
 DEFAULT_URL_ENV = "SQLMQ_URL"
 
@@ -242,7 +243,7 @@ async def _dlq_list(broker: Broker, args: argparse.Namespace) -> int:
 
     a = broker.schema.archive
     stmt = select(a.c.id, a.c.queue, a.c.deliveries_count, a.c.attempts_count,
-                  a.c.archived_at, a.c.error).where(a.c.state == "FAILED")
+                  a.c.archived_at, a.c.error).where(a.c.state == State.FAILED.value)
     if args.queue:
         stmt = stmt.where(a.c.queue == args.queue)
     stmt = stmt.order_by(a.c.archived_at.desc(), a.c.id.desc()).limit(args.limit)
@@ -300,7 +301,7 @@ async def _dead_letter_ids(broker: Broker, ids: list[int], queue: str | None) ->
     from sqlalchemy import select
 
     a = broker.schema.archive
-    stmt = select(a.c.id).where(a.c.state == "FAILED", a.c.id.in_(ids))
+    stmt = select(a.c.id).where(a.c.state == State.FAILED.value, a.c.id.in_(ids))
     if queue:
         stmt = stmt.where(a.c.queue == queue)
     async with broker.db.connect() as conn:
@@ -311,7 +312,8 @@ async def _dlq_purge(broker: Broker, args: argparse.Namespace) -> int:
     before = None
     if args.older_than is not None:
         before = datetime.now(UTC) - timedelta(days=args.older_than)
-    n = await broker.engine.purge_archived(queue=args.queue, state="FAILED", before=before)
+    n = await broker.engine.purge_archived(queue=args.queue, state=State.FAILED.value,
+                                           before=before)
     print(f"purged {n} failed message(s)")
     return 0
 

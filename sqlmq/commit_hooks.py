@@ -5,7 +5,7 @@ process's subscribers at publish time would send them to find nothing. The wake-
 for the commit instead, and is dropped on rollback. A Session reports its commit after the
 fact (``after_commit``); a Connection only just before the driver's COMMIT, so a subscriber
 woken then may still miss the row, and the fetch loop polls again shortly after any wake-up
-for that reason (see ``SubscriberRuntime._fetch_loop``).
+for that reason (see :mod:`sqlmq.runtime.fetcher`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 
 from .broker import Broker
 from .connect import create_sync, parse_url, sync_url
+from .lifecycle import State
 from .message import Message
 from .retry import Retry
 from .schema import build_schema
@@ -67,8 +68,6 @@ def _worker_main(url: str) -> None:
 
 async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     console = Console()
     _reset_tables(url)
@@ -78,11 +77,34 @@ async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int
                   f"{processes} worker processes, lease {LEASE:.0f}s, "
                   f"max_deliveries {MAX_DELIVERIES}")
     started = time.monotonic()
+    total = await _publish(broker, messages)
+    crashes, finished = await _run_workers(broker, url, processes, total, messages, console)
+    elapsed = finished - started
+    found = await _measure(broker)
+    await broker.close()
+    _print_table(console, found, total, crashes, elapsed)
+    command = sqlmq_command()
+    console.print(f"Inspect it: {command} queues --url {broker.url} --prefix {PREFIX}; "
+                  f"{command} dlq list --url {broker.url} --prefix {PREFIX}")
+    ok = found["left"] == 0 and sum(found["states"].values()) == total
+    return 0 if ok else 1
+
+
+async def _publish(broker: Broker, messages: int) -> int:
+    """The demo's messages, a poison one among them; how many in all."""
     bodies: list[dict[str, Any]] = [{"n": n} for n in range(messages)]
     bodies.insert(messages // 3, {"poison": True, "n": -1})
     for i in range(0, len(bodies), 1000):
         await broker.publish_batch(QUEUE, bodies[i : i + 1000])
-    total = len(bodies)
+    return len(bodies)
+
+
+async def _run_workers(broker: Broker, url: str, processes: int, total: int, messages: int,
+                       console: Any) -> tuple[int, float]:
+    """Run worker processes until every message is archived (restarting the ones the poison
+    message kills), drawing a progress bar; then stop them. How many crashed, and when the
+    work was done (before the stop)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_worker_main, args=(url,), daemon=True) for _ in range(processes)]
@@ -106,13 +128,18 @@ async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int
                     crashes += 1
                     workers[i] = ctx.Process(target=_worker_main, args=(url,), daemon=True)
                     workers[i].start()
-    elapsed = time.monotonic() - started
+    finished = time.monotonic()
     for w in workers:
         if w.is_alive():
             os.kill(w.pid, signal.SIGTERM)  # type: ignore[arg-type]
     for w in workers:
         w.join(timeout=30)
+    return crashes, finished
 
+
+async def _measure(broker: Broker) -> dict[str, Any]:
+    """What the database says at the end."""
+    archive = broker.schema.archive
     async with broker.db.connect() as conn:
         states = dict((await conn.execute(
             select(archive.c.state, func.count()).group_by(archive.c.state))).all())
@@ -121,7 +148,7 @@ async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int
             .group_by(archive.c.deliveries_count))).all())
         exhausted = (await conn.execute(
             select(func.count()).select_from(archive).where(
-                archive.c.state == "FAILED", archive.c.error.like("retries exhausted%"))
+                archive.c.state == State.FAILED, archive.c.error.like("retries exhausted%"))
         )).scalar_one()
         retried = (await conn.execute(
             select(func.count()).select_from(archive).where(archive.c.attempts_count > 1)
@@ -132,19 +159,26 @@ async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int
                 archive.c.payload.like(b'%"poison"%'))))
         )).first()
     left = sum(s.pending + s.processing + s.retryable for s in await broker.stats())
-    await broker.close()
+    return {"states": states, "deliveries": deliveries, "exhausted": exhausted,
+            "retried": retried, "poison": poison, "left": left}
 
+
+def _print_table(console: Any, found: dict[str, Any], total: int, crashes: int,
+                 elapsed: float) -> None:
+    from rich.table import Table
+
+    states, deliveries, poison = found["states"], found["deliveries"], found["poison"]
     table = Table(title="sqlmq demo: what the database says")
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("messages published", str(total))
-    table.add_row("archived COMPLETED", str(states.get("COMPLETED", 0)))
-    failed = states.get("FAILED", 0)
+    table.add_row("archived COMPLETED", str(states.get(State.COMPLETED, 0)))
+    failed = states.get(State.FAILED, 0)
     table.add_row("archived FAILED (dead letters)", str(failed))
-    table.add_row("  of which: retries exhausted", str(exhausted))
-    table.add_row("  of which: max deliveries exceeded", str(failed - exhausted))
-    table.add_row("left in the queue", str(left))
-    table.add_row("messages that needed a retry", str(retried))
+    table.add_row("  of which: retries exhausted", str(found["exhausted"]))
+    table.add_row("  of which: max deliveries exceeded", str(failed - found["exhausted"]))
+    table.add_row("left in the queue", str(found["left"]))
+    table.add_row("messages that needed a retry", str(found["retried"]))
     for n in sorted(deliveries):
         table.add_row(f"messages delivered {n}×", str(deliveries[n]))
     table.add_row("worker crashes (poison message)", str(crashes))
@@ -154,11 +188,6 @@ async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int
     table.add_row("elapsed", f"{elapsed:.1f} s")
     table.add_row("throughput", f"{total / elapsed:,.0f} msg/s (incl. retries and backoff)")
     console.print(table)
-    command = sqlmq_command()
-    console.print(f"Inspect it: {command} queues --url {broker.url} --prefix {PREFIX}; "
-                  f"{command} dlq list --url {broker.url} --prefix {PREFIX}")
-    ok = left == 0 and sum(states.values()) == total
-    return 0 if ok else 1
 
 
 def sqlmq_command(argv0: str | None = None) -> str:

@@ -4,35 +4,34 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Generator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .codec import CONTENT_TYPE, decode
 from .errors import AlreadySettled
+from .lifecycle import Decision
 from .records import Delivery
 from .retry import MAX_DELAY
 
-if TYPE_CHECKING:
-    from .runtime import SubscriberRuntime
 
+class LeaseHandle(Protocol):
+    """How a message reaches its lease without knowing the runtime: the subscriber's lease
+    keeper. One handle serves every message it holds (the message names its delivery), so
+    handing a message its lease costs nothing per message."""
 
-class Decision:
-    __slots__ = ("delay", "kind", "reason")
-
-    def __init__(self, kind: str, delay: float | None = None, reason: str | None = None):
-        self.kind = kind  # "ack" | "nack" | "reject"
-        self.delay = delay
-        self.reason = reason
+    async def extend(self, delivery: Delivery, seconds: float) -> bool:
+        """Push ``delivery``'s lease to now + ``seconds``; False if it was lost already."""
+        ...
 
 
 class Message:
     """One delivery of a message. Settle it by returning (per the ack policy) or by hand
     with :meth:`ack`, :meth:`nack` or :meth:`reject`; the write is batched with others."""
 
-    __slots__ = ("_body", "_decision", "_delivery", "_runtime")
+    __slots__ = ("_body", "_decision", "_delivery", "_lease")
 
-    def __init__(self, delivery: Delivery, runtime: SubscriberRuntime | None = None) -> None:
+    def __init__(self, delivery: Delivery, lease: LeaseHandle | None = None) -> None:
         self._delivery = delivery
-        self._runtime = runtime
+        self._lease = lease
         self._decision: Decision | None = None
         self._body: Any = _UNSET
 
@@ -78,6 +77,11 @@ class Message:
         return self._delivery.created_at
 
     @property
+    def priority(self) -> int:
+        """The priority it was published with (higher is taken first; 0 by default)."""
+        return self._delivery.priority
+
+    @property
     def history(self) -> list[dict[str, Any]]:
         """How earlier deliveries ended (newest last, bounded)."""
         return list(self._delivery.history)
@@ -121,9 +125,9 @@ class Message:
 
     async def extend(self, seconds: float) -> bool:
         """Push this delivery's lease to now + ``seconds``; False if it was lost already."""
-        if self._runtime is None:
+        if self._lease is None:
             raise RuntimeError("this message is not held by a running subscriber")
-        return await self._runtime.extend_one(self._delivery, seconds)
+        return await self._lease.extend(self._delivery, seconds)
 
     def __repr__(self) -> str:
         return (f"<Message id={self.id} queue={self.queue!r} deliveries={self.deliveries} "

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Connection, func, inspect, select, text
+from sqlalchemy import Column, Connection, func, inspect, select
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateColumn, ExecutableDDLElement
 
 from .errors import SchemaError
-from .schema import SCHEMA_VERSION, Schema
+from .schema import SCHEMA_VERSION, Schema, due_index_of, ready_index_of
 
 
 def _v1(conn: Connection, schema: Schema) -> None:
@@ -31,7 +34,47 @@ def _v2(conn: Connection, schema: Schema) -> None:
     )
 
 
-MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {1: _v1, 2: _v2}
+def _v3(conn: Connection, schema: Schema) -> None:
+    """Priority: a ``priority`` column (INTEGER NOT NULL DEFAULT 0) on the message table,
+    the archive and the Spark sink's staging table, and the ready index rebuilt as
+    ``(queue, priority DESC, next_attempt_at, id)``; on MySQL and MariaDB, the due index
+    ``(queue, next_attempt_at)`` beside it (see :func:`sqlmq.schema.due_index`). Every step
+    looks before it acts: MySQL commits each DDL statement on its own, so a migrator that
+    died half way leaves some of them done, and the next one finishes the rest. Adding a
+    column with a constant default rewrites no table on any of the three databases;
+    building an index reads the whole message table once, holding writes off it meanwhile
+    (the usual CREATE INDEX lock)."""
+    look = inspect(conn)
+    for table in (schema.message, schema.archive, schema.spark_staging):
+        if "priority" not in {c["name"] for c in look.get_columns(table.name)}:
+            conn.execute(AddColumn(table.c.priority))
+    indexes = {ix["name"]: ix for ix in look.get_indexes(schema.message.name)}
+    index = ready_index_of(schema)
+    found = indexes.get(index.name)
+    if found is None or "priority" not in found["column_names"]:
+        if found is not None:
+            index.drop(conn)
+        index.create(conn)
+    due = due_index_of(schema)
+    if due.name not in indexes:
+        due.create(conn)  # its DDL runs on MySQL and MariaDB only (see due_index)
+
+
+class AddColumn(ExecutableDDLElement):
+    """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
+    none; the column is rendered by the dialect, as in CREATE TABLE)."""
+
+    def __init__(self, column: Column[Any]) -> None:
+        self.column = column
+
+
+@compiles(AddColumn)
+def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
+    table = compiler.preparer.format_table(element.column.table)
+    return f"ALTER TABLE {table} ADD COLUMN {compiler.process(CreateColumn(element.column))}"
+
+
+MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {1: _v1, 2: _v2, 3: _v3}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -41,14 +84,14 @@ def current_version(conn: Connection, schema: Schema) -> int:
     return conn.execute(select(func.max(schema.version.c.version))).scalar() or 0
 
 
-def _apply(conn: Connection, schema: Schema) -> int:
-    dialect = conn.dialect.name
-    if dialect == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": schema.prefix})
-    elif dialect in ("mysql", "mariadb"):
-        got = conn.execute(text("SELECT GET_LOCK(:k, 60)"), {"k": f"sqlmq:{schema.prefix}"})
-        if got.scalar() != 1:
-            raise SchemaError("timed out waiting for another sqlmq migration to finish")
+#: Takes the lock that makes concurrent migrators take turns, in the migrating transaction
+#: (each engine knows its database's lock); returns what releases it, where the lock
+#: outlives the transaction (MySQL's GET_LOCK), else None.
+MigrationLock = Callable[[Connection], "Callable[[], None] | None"]
+
+
+def _apply(conn: Connection, schema: Schema, lock: MigrationLock | None) -> int:
+    release = lock(conn) if lock is not None else None
     try:
         version = current_version(conn, schema)
         for step in sorted(v for v in MIGRATIONS if v > version):
@@ -57,14 +100,15 @@ def _apply(conn: Connection, schema: Schema) -> int:
             version = step
         return version
     finally:
-        if dialect in ("mysql", "mariadb"):
-            conn.execute(text("SELECT RELEASE_LOCK(:k)"), {"k": f"sqlmq:{schema.prefix}"})
+        if release is not None:
+            release()
 
 
-async def migrate(db: AsyncEngine, schema: Schema) -> int:
-    """Create or upgrade the schema; returns the version now in place."""
+async def migrate(db: AsyncEngine, schema: Schema, lock: MigrationLock | None = None) -> int:
+    """Create or upgrade the schema; returns the version now in place. Engines pass their
+    database's ``lock`` (see :meth:`sqlmq.engines.base.SqlEngine.migrate`)."""
     async with db.begin() as conn:
-        return await conn.run_sync(_apply, schema)
+        return await conn.run_sync(_apply, schema, lock)
 
 
 async def check_schema(db: AsyncEngine, schema: Schema, url: str) -> None:

@@ -6,21 +6,26 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .states import Outcome
+# The lifecycle owns the settlement and the history; they are re-exported here, where the
+# engines and the contract read the records that cross it.
+from .lifecycle import HISTORY_LIMIT, Settlement, append_history, history_entry
 
-#: How many past delivery endings a message keeps (newest last).
-HISTORY_LIMIT = 10
+__all__ = ["HISTORY_LIMIT", "Delivery", "NewMessage", "QueueStats", "Settlement",
+           "append_history", "history_entry"]
 
 
 @dataclass(slots=True)  # not frozen: frozen dataclasses are built 4x slower, batches feel it
 class NewMessage:
-    """A message ready to insert: already encoded and validated."""
+    """A message ready to insert: already encoded and validated. The messages of one
+    ``Engine.publish`` share their queue, their schedule and their priority (one
+    ``publish_batch``)."""
 
     queue: str
     payload: bytes
     headers: dict[str, str]
     delay: float = 0.0  # seconds from database now; ignored when ``at`` is set
     at: datetime | None = None
+    priority: int = 0  # higher is taken first among ready messages
 
 
 @dataclass(slots=True)
@@ -44,20 +49,8 @@ class Delivery:
     #: id, queue and counters; the runtime archives it FAILED with this reason without
     #: running a handler, so one malformed row never holds the rest of its batch back.
     defect: str | None = None
-
-
-@dataclass(slots=True)  # not frozen, like NewMessage: one is built per message handled
-class Settlement:
-    """The result of one delivery, waiting to be flushed. Treat it as immutable."""
-
-    id: int
-    deliveries: int
-    outcome: Outcome
-    error: str | None = None
-    delay: float = 0.0  # for RETRY
-    refund: bool = False  # for RELEASE: the delivery never started, give it back
-    attempted: bool = True  # the handler ran: counts as an attempt
-    history: list[dict[str, Any]] | None = None  # the new history, when it changed
+    #: The message's priority (higher is taken first among ready messages).
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,18 +62,3 @@ class QueueStats:
     completed: int
     failed: int
     oldest_ready_at: datetime | None
-
-
-def history_entry(
-    delivery: int, ended: str, at: datetime | None = None, error: str | None = None
-) -> dict[str, Any]:
-    entry: dict[str, Any] = {"delivery": delivery, "ended": ended}
-    if at is not None:
-        entry["at"] = at.isoformat()
-    if error:  # its first line: a handler's traceback stays in the error column only
-        entry["error"] = error.split("\n", 1)[0][:500]
-    return entry
-
-
-def append_history(history: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
-    return [*history, entry][-HISTORY_LIMIT:]

@@ -4,8 +4,10 @@ Users can hand :data:`metadata` (or one built with another prefix) to Alembic. T
 invariants the engines rely on are encoded here:
 
 * ``next_attempt_at`` is NULL exactly while a message is PROCESSING. The acquire predicate
-  is then a single range, ``next_attempt_at <= now``, on the index ``(queue,
-  next_attempt_at, id)``: no state filter, no sort of a whole backlog, on every database.
+  is then ``next_attempt_at <= now``, read from the index ``(queue, priority DESC,
+  next_attempt_at, id)`` in acquire's order: no state filter, no sort of a whole backlog,
+  on every database. (MySQL and MariaDB also keep ``(queue, next_attempt_at)``, see
+  :func:`due_index`.)
 * ``lease_expires_at`` is set exactly while a message is PROCESSING, so recovery of expired
   leases reads one small index.
 """
@@ -39,10 +41,16 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
+
+#: The range of a message's ``priority`` (higher is taken first; 0 by default). The column
+#: is a 32-bit INTEGER everywhere; the accepted range is narrower, that of a SMALLINT, which
+#: is plenty of levels and leaves room to pack or narrow the column later.
+MIN_PRIORITY = -32768
+MAX_PRIORITY = 32767
 
 # Prefixes become part of SQL identifiers, so they are validated, never quoted blindly.
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9_]{0,29}$")
@@ -110,6 +118,56 @@ def _payload() -> Any:
     return LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 
 
+def _priority() -> Column[int]:
+    """Higher is taken first among ready messages (see :data:`MIN_PRIORITY`)."""
+    return Column("priority", Integer, nullable=False, server_default=text("0"))
+
+
+def ready_index(message: Table) -> Index:
+    """The index acquire reads, in acquire's order: highest priority first, then ready
+    time, then id (FIFO within a priority). Partial where the database allows: PROCESSING
+    rows (no ready time) are not in it. Schema version 3 put ``priority`` in it; the
+    migration rebuilds it from this definition."""
+    c = message.c
+    return Index(
+        f"ix_{message.name}_ready",
+        c.queue,
+        c.priority.desc(),
+        c.next_attempt_at,
+        c.id,
+        postgresql_where=text("next_attempt_at IS NOT NULL"),
+        sqlite_where=text("next_attempt_at IS NOT NULL"),
+    )
+
+
+def due_index(message: Table) -> Index:
+    """MySQL and MariaDB only: ``(queue, next_attempt_at)``, the due messages of a queue as
+    one range whatever their priority. Acquire reads it first, one entry at most, to know
+    whether anything is ready at all: these databases have no partial index and no skip
+    scan of a descending key part, so the ready index's ordered scan would otherwise walk
+    every delayed entry of each priority level before finding nothing (250 ms on an empty
+    poll of 100,000 delayed messages, against 1 ms). Part of schema version 3."""
+    c = message.c
+    return Index(f"ix_{message.name}_due", c.queue, c.next_attempt_at).ddl_if(
+        dialect=("mysql", "mariadb"))
+
+
+def ready_index_of(schema: Schema) -> Index:
+    """The ready index of ``schema``'s message table (the object :func:`ready_index` put
+    there)."""
+    return _index_of(schema, "ready")
+
+
+def due_index_of(schema: Schema) -> Index:
+    """The due index of ``schema``'s message table (see :func:`due_index`)."""
+    return _index_of(schema, "due")
+
+
+def _index_of(schema: Schema, suffix: str) -> Index:
+    name = f"ix_{schema.message.name}_{suffix}"
+    return next(ix for ix in schema.message.indexes if ix.name == name)
+
+
 def _id() -> Any:
     # SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias).
     return BigInteger().with_variant(Integer(), "sqlite")
@@ -157,14 +215,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("lease_expires_at", UTCDateTime()),
         Column("last_error", Text),
         Column("history", _json()),
-        Index(
-            f"ix_{m}_ready",
-            "queue",
-            "next_attempt_at",
-            "id",
-            postgresql_where=text("next_attempt_at IS NOT NULL"),
-            sqlite_where=text("next_attempt_at IS NOT NULL"),
-        ),
+        _priority(),
         Index(
             f"ix_{m}_lease",
             "lease_expires_at",
@@ -175,6 +226,8 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # messages are archived, a new message would get an id the archive already has.
         sqlite_autoincrement=True,
     )
+    ready_index(message)
+    due_index(message)
     a = f"{prefix}archive"
     archive = Table(
         a,
@@ -193,6 +246,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("archived_at", UTCDateTime(), nullable=False),
         Column("error", Text),
         Column("history", _json()),
+        _priority(),
         Index(f"ix_{a}_queue_archived", "queue", "archived_at"),
         Index(f"ix_{a}_state_archived", "state", "archived_at"),
     )
@@ -245,6 +299,7 @@ def _spark_tables(prefix: str, md: MetaData) -> tuple[Table, Table, Table, Table
         Column("payload", _payload(), nullable=False),
         Column("delay", Float, nullable=False),
         Column("staged_at", UTCDateTime(), nullable=False),
+        _priority(),  # schema version 3
         Index(f"ix_{s}_token", "token", "attempt"),
     )
     batch = Table(

@@ -11,15 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.expression import ColumnElement, FunctionElement
+from sqlalchemy.sql.expression import FunctionElement
 
 from .schema import UTCDateTime
 
-# Text SQL snippets for the engines. SQLite keeps ISO text with six fractional digits so
-# that values written from Python and values computed here compare correctly as text.
-SQLITE_NOW = "(strftime('%Y-%m-%d %H:%M:%f','now')||'000')"
 
-
+# SQLite keeps ISO text with six fractional digits so that values written from Python and
+# values computed here compare correctly as text (as in sqlmq/engines/sql/sqlite.py).
 def sqlite_now_plus(param: str) -> str:
     return f"(strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',{param}))||'000')"
 
@@ -59,7 +57,3 @@ def _my(element: db_now_plus, compiler: Any, **kw: Any) -> str:
 @compiles(db_now_plus, "sqlite")
 def _lite(element: db_now_plus, compiler: Any, **kw: Any) -> str:
     return sqlite_now_plus(_seconds(compiler, element, **kw))
-
-
-def now_plus(seconds: ColumnElement[Any]) -> db_now_plus:
-    return db_now_plus(seconds)

@@ -10,16 +10,16 @@ import asyncio
 import inspect
 import types
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .codec import decode
 from .errors import ConfigurationError, DecodeError, HandlerSignatureError
+from .lifecycle import AckPolicy
 from .message import Message
 from .retry import Retry, RetryStrategy
 from .schema import MAX_QUEUE_NAME
-from .states import AckPolicy
 
 Handler = Callable[..., Any]
 
@@ -103,7 +103,7 @@ class SubscriberConfig:
 DEFAULT_MAX_DELIVERIES = 10
 #: Deliveries the default leaves beyond a retry strategy's ``max_attempts``: each delivery
 #: beside a poison message may cost a neighbour one (at most two, see the quarantine in
-#: :mod:`sqlmq.runtime`), and a stop that cuts a handler short another.
+#: :mod:`sqlmq.runtime.quarantine`), and a stop that cuts a handler short another.
 DELIVERY_HEADROOM = 5
 
 
@@ -253,5 +253,3 @@ class Subscriber:
     def queues(self) -> Sequence[str]:
         return self.config.queues
 
-
-HandlerResult = Awaitable[Any] | Any

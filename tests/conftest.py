@@ -1,4 +1,5 @@
-"""Shared fixtures: every behaviour test runs on PostgreSQL, MariaDB and SQLite.
+"""Shared fixtures: every behaviour test runs on PostgreSQL, MariaDB and SQLite, and those
+that need only the engine contract on the in-memory engine too (``@on_every_engine``).
 
 Each test gets its own table prefix, so tests never see each other's rows and can run in
 parallel (pytest-xdist) against the same databases. Connection URLs come from the
@@ -8,6 +9,7 @@ environment (see README), with the local defaults below.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -22,14 +24,23 @@ from sqlalchemy.exc import OperationalError
 
 from sqlmq import Broker, build_schema
 from sqlmq.connect import parse_url, sync_url
+from sqlmq.engines import is_memory_url
+from sqlmq.engines.memory import MemoryEngine
 
 PG_URL = os.environ.get("SQLMQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("SQLMQ_TEST_MYSQL_URL", "mariadb://root@127.0.0.1:3306/test")
 
 DATABASES = ["sqlite", "postgresql", "mariadb"]
+#: The databases and the in-memory engine: where a test that needs only the engine contract
+#: (the public API, ``broker.engine``, and :func:`rows`/:func:`update_row`) runs.
+EVERY_ENGINE = ["memory", *DATABASES]
+#: Runs a test using ``broker``/``db_kind``/``db_url`` on :data:`EVERY_ENGINE` instead.
+on_every_engine = pytest.mark.parametrize("db_kind", EVERY_ENGINE)
 
 
 def url_for(kind: str, tmp_path: Any) -> str:
+    if kind == "memory":
+        return "memory://"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/sqlmq-test.db"
     if kind == "postgresql":
@@ -56,6 +67,8 @@ def drop_tables(url: str, prefix: str, lock_wait: int = 60) -> None:
     """Drop a test's tables; a session still holding locks on them (a leaked transaction)
     fails the test within ``lock_wait`` seconds, naming the sessions where the database
     can list them, instead of hanging the suite."""
+    if is_memory_url(url):
+        return  # nothing outlives the broker
     sqlite = parse_url(url).get_backend_name() == "sqlite"
     engine = create_engine(sync_url(parse_url(url)),
                            connect_args={"timeout": lock_wait} if sqlite else {})
@@ -134,14 +147,81 @@ async def drained(broker: Broker, queue: str) -> bool:
     return True
 
 
+def on_memory(broker: Broker) -> bool:
+    return isinstance(broker.engine, MemoryEngine)
+
+
+def sibling(broker: Broker, url: str, prefix: str, **options: Any) -> Broker:
+    """Another broker on ``broker``'s tables, as another process runs one. On the in-memory
+    engine the process is the database: the sibling shares ``broker``'s engine."""
+    other = Broker(url, table_prefix=prefix, **options)
+    if on_memory(broker):
+        other._engine = broker.engine
+    return other
+
+
 async def rows(broker: Broker, table: str = "message", **where: Any) -> list[Any]:
-    """All rows of the message or archive table (optionally filtered), as mappings."""
+    """All rows of the message or archive table (optionally filtered), as mappings; on the
+    in-memory engine, snapshots of its rows with the same columns."""
     from sqlalchemy import select
 
     t = broker.schema.message if table == "message" else broker.schema.archive
+    if isinstance(broker.engine, MemoryEngine):
+        return memory_rows(broker, table, **where)
     stmt = select(t).where(*(t.c[k] == v for k, v in where.items())).order_by(t.c.id)
     async with broker.db.connect() as conn:
         return [r._mapping for r in await conn.execute(stmt)]
+
+
+def memory_rows(broker: Broker, table: str = "message", **where: Any) -> list[dict[str, Any]]:
+    """:func:`rows` on the in-memory engine (no await needed): snapshots of its rows, with
+    the columns of the table."""
+    engine = broker.engine
+    assert isinstance(engine, MemoryEngine)
+    t = broker.schema.message if table == "message" else broker.schema.archive
+    with engine._lock:
+        store = engine._store.rows if table == "message" else engine._store.archive
+        found = [{c.name: copy.deepcopy(getattr(r, c.name)) for c in t.columns
+                  if hasattr(r, c.name)} for _, r in sorted(store.items())]
+    return [r for r in found if all(r[k] == v for k, v in where.items())]
+
+
+async def update_row(broker: Broker, msg_id: int, **values: Any) -> None:
+    """Set columns of a message row behind sqlmq's back (as a crash or another process
+    would leave it): an UPDATE on a database, the row's fields on the in-memory engine."""
+    from sqlalchemy import update
+
+    engine = broker.engine
+    if isinstance(engine, MemoryEngine):
+        with engine._lock:
+            row = engine._store.rows[msg_id]
+            for name, value in values.items():
+                setattr(row, name, value)
+            engine._writes += 1  # a commit, as the UPDATE's
+        return
+    m = broker.schema.message
+    async with broker.db.begin() as conn:
+        await conn.execute(update(m).where(m.c.id == msg_id).values(**values))
+
+
+async def passes(broker: Broker, seconds: float) -> None:
+    """Let ``seconds`` pass on the broker's clock: at once on the in-memory engine (its clock
+    moves), by sleeping on a database."""
+    engine = broker.engine
+    if isinstance(engine, MemoryEngine):
+        engine.advance(seconds)
+    else:
+        await asyncio.sleep(seconds)
+
+
+def speed_up(broker: Broker, factor: float = 10.0) -> None:
+    """On the in-memory engine, run its clock ``factor`` times faster from now on, so that
+    delays and retries fall due sooner; nothing on a database (its clock is the server's)."""
+    engine = broker.engine
+    if isinstance(engine, MemoryEngine):
+        base = engine.clock
+        start = base()
+        engine.clock = lambda: start + (base() - start) * factor
 
 
 async def archived(broker: Broker, msg_id: int) -> Any:

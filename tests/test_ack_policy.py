@@ -8,7 +8,9 @@ from typing import Any
 
 from sqlmq import AckPolicy, AlreadySettled, Broker, Message, Retry
 
-from .conftest import rows, wait_until
+from .conftest import on_every_engine, rows, wait_until
+
+pytestmark = on_every_engine
 
 FAST = {"flush_interval": 0.01, "max_fetch_interval": 0.05}
 # A retry far away: a nacked message stays RETRYABLE where the test can look at it.

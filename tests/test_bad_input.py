@@ -1,7 +1,7 @@
 """Bad input is refused with an error that names the problem, and nothing is written.
 
-Publishing cases run on every database and check the message table afterwards; URL and
-handler-signature cases never reach a database and run once.
+Publishing cases run on every database and the in-memory engine and check the message
+table afterwards; URL and handler-signature cases never reach a database and run once.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sqlmq import (
     SchemaError,
 )
 
-from .conftest import drop_tables, rows
+from .conftest import drop_tables, on_every_engine, rows, sibling
 
 SECRET = "s3cret"
 
@@ -164,6 +164,7 @@ async def test_missing_schema_refuses_to_start_and_says_to_migrate(
 # ---- publishing ----------------------------------------------------------------------------
 
 
+@on_every_engine
 async def test_bad_queue_names_are_refused(broker: Broker) -> None:
     for queue, fragment in [
         ("", "must not be empty"),
@@ -178,12 +179,14 @@ async def test_bad_queue_names_are_refused(broker: Broker) -> None:
             broker.subscriber(queue)  # type: ignore[arg-type]
 
 
+@on_every_engine
 async def test_longest_queue_name_is_accepted(broker: Broker) -> None:
     queue = "q" * 128
     msg_id = await broker.publish(queue, "x")
     assert [r["queue"] for r in await rows(broker, id=msg_id)] == [queue]
 
 
+@on_every_engine
 async def test_bodies_the_codec_cannot_encode_are_refused(broker: Broker) -> None:
     for body, fragment in [
         (object(), "cannot encode a body of type object"),
@@ -197,6 +200,7 @@ async def test_bodies_the_codec_cannot_encode_are_refused(broker: Broker) -> Non
                   EncodeError, "type object")
 
 
+@on_every_engine
 async def test_headers_must_map_strings_to_strings(broker: Broker) -> None:
     for headers, fragment in [
         ({"n": 1}, "header 'n' must be a string, got int"),
@@ -209,6 +213,7 @@ async def test_headers_must_map_strings_to_strings(broker: Broker) -> None:
                       PublishError, fragment)
 
 
+@on_every_engine
 async def test_bad_schedules_are_refused(broker: Broker) -> None:
     soon = datetime.now(UTC) + timedelta(seconds=5)
     for kwargs, fragment in [
@@ -225,10 +230,37 @@ async def test_bad_schedules_are_refused(broker: Broker) -> None:
                       fragment)
 
 
+@on_every_engine
+async def test_bad_priorities_are_refused(broker: Broker) -> None:
+    for priority, fragment in [
+        (True, "priority must be an int, got bool"),
+        (1.5, "priority must be an int, got float"),
+        ("5", "priority must be an int, got str"),
+        (None, "priority must be an int, got NoneType"),
+        (32768, "priority must be from -32768 to 32767, got 32768"),
+        (-32769, "priority must be from -32768 to 32767, got -32769"),
+        (2**63, "priority must be from -32768 to 32767"),
+    ]:
+        await refused(broker, lambda p=priority: broker.publish("q", "x", priority=p),
+                      PublishError, fragment)
+        await refused(broker, lambda p=priority: broker.publish_batch("q", ["x"], priority=p),
+                      PublishError, fragment)
+        await refused(broker, lambda p=priority: broker.publish_sync("q", "x", priority=p),
+                      PublishError, fragment)
+        await refused(broker,
+                      lambda p=priority: broker.publish_batch_sync("q", ["x"], priority=p),
+                      PublishError, fragment)
+    low = await broker.publish("q", "x", priority=-32768)
+    high = await broker.publish("q", "x", priority=32767)
+    assert [(r["id"], r["priority"]) for r in await rows(broker)] == [(low, -32768),
+                                                                       (high, 32767)]
+
+
+@on_every_engine
 async def test_payload_over_max_payload_bytes_is_refused(
     broker: Broker, db_url: str, prefix: str
 ) -> None:
-    small = Broker(db_url, table_prefix=prefix, max_payload_bytes=100)
+    small = sibling(broker, db_url, prefix, max_payload_bytes=100)
     try:
         await refused(broker, lambda: small.publish("q", b"x" * 101), PayloadTooLarge,
                       "payload of 101 bytes for queue 'q' exceeds the broker's "

@@ -59,7 +59,7 @@ async def test_a_bad_row_fails_alone_and_its_batch_runs_once(
     try:
         await wait_until(lambda: drained(broker, "q"), message="every row archived")
         (runtime,) = broker.runtimes
-        assert all(not w.done() for w in runtime._workers), "a worker task died"
+        assert all(not w.done() for w in runtime.workers.tasks), "a worker task died"
     finally:
         await broker.stop()
 

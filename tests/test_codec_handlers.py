@@ -9,7 +9,9 @@ import pydantic
 
 from sqlmq import Broker, Message
 
-from .conftest import drained, rows, wait_until
+from .conftest import drained, on_every_engine, rows, wait_until
+
+pytestmark = on_every_engine
 
 FAST = {"flush_interval": 0.01, "max_fetch_interval": 0.05, "workers": 1}
 

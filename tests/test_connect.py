@@ -171,8 +171,9 @@ def test_safe_url_masks_every_password(url: str, shown: str) -> None:
 
 def test_an_unencoded_at_sign_in_the_password_is_part_of_the_password() -> None:
     broker = Broker("postgresql://u:p@ss@db.example:5433/app")
-    assert broker._url.host == "db.example" and broker._url.port == 5433
-    assert broker._url.password == "p@ss"
+    url = broker.engine.url  # type: ignore[attr-defined]
+    assert url.host == "db.example" and url.port == 5433
+    assert url.password == "p@ss"
     assert broker.url == "postgresql://u:***@db.example:5433/app"
 
 

@@ -1,5 +1,6 @@
 """A single publish to a queue whose subscriber in this process has nothing to do is
-written already acquired and handed straight to it (SQLite and MariaDB): one round trip
+written already acquired and handed straight to it (SQLite, MariaDB and the in-memory
+engine): one round trip
 from publish to handler. The row must be the one an acquire leaves, the usual lifecycle must
 follow, and the hand-over must never happen where it would overtake or lose work."""
 
@@ -15,11 +16,11 @@ from sqlmq import Broker, Message
 
 from .conftest import archived, rows, wait_until
 
-pytestmark = pytest.mark.parametrize("db_kind", ["sqlite", "mariadb"])
+pytestmark = pytest.mark.parametrize("db_kind", ["memory", "sqlite", "mariadb"])
 
 
 async def _caught_up(broker: Broker) -> None:
-    await wait_until(lambda: all(r._caught_up for r in broker.runtimes),
+    await wait_until(lambda: all(r.fetcher.caught_up for r in broker.runtimes),
                      message="the subscriber's first acquire")
 
 
@@ -141,14 +142,14 @@ async def test_a_subscriber_stopping_meanwhile_gets_nothing_and_the_message_wait
     (runtime,) = broker.runtimes
     # Chosen while idle, stopping by the time the row is written.
     assert broker._idle_runtime(_message("jobs")) is runtime
-    runtime._stopping = True
+    runtime.fetcher.stopping = True
 
     msg_id = await broker._publish_to(runtime, _message("jobs"))
 
     (row,) = await rows(broker, id=msg_id)
     assert row["state"] == "PENDING" and row["deliveries_count"] == 0
     assert row["attempts_count"] == 0
-    assert not runtime._held
+    assert not runtime.holdings.held
 
 
 def _message(queue: str) -> Any:

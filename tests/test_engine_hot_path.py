@@ -9,12 +9,12 @@ import asyncio
 from datetime import UTC, timedelta
 
 import pytest
-from sqlalchemy import insert, update
+from sqlalchemy import insert
 from sqlalchemy.exc import DBAPIError
 
 from sqlmq import Broker, Outcome, Settlement
 
-from .conftest import rows
+from .conftest import on_every_engine, rows, update_row
 
 
 @pytest.fixture(params=["sqlite", "mariadb", "postgresql"])
@@ -24,14 +24,12 @@ def db_kind(request: pytest.FixtureRequest) -> str:
 
 async def _backdate(broker: Broker, ids: list[int]) -> None:
     """Make ``ids`` ready in the reverse order of their ids, a second apart."""
-    m = broker.schema.message
     now = await broker.engine.now()
-    async with broker.db.begin() as conn:
-        for k, msg_id in enumerate(ids):
-            when = now - timedelta(seconds=10 + len(ids) - k)
-            await conn.execute(update(m).where(m.c.id == msg_id).values(next_attempt_at=when))
+    for k, msg_id in enumerate(ids):
+        await update_row(broker, msg_id, next_attempt_at=now - timedelta(seconds=10 + len(ids) - k))
 
 
+@on_every_engine  # the in-memory engine returns the same
 async def test_acquire_returns_ready_order_fields_and_leases(broker: Broker) -> None:
     ids = await broker.publish_batch("q", [b"a", b"b", b"c", b"d"], headers={"k": "v"})
     await _backdate(broker, list(reversed(ids)))
@@ -65,6 +63,7 @@ async def test_acquire_returns_ready_order_fields_and_leases(broker: Broker) -> 
     assert await broker.engine.acquire(["q"], 10, 30) == []
 
 
+@on_every_engine  # the in-memory engine returns the same
 async def test_a_redelivery_carries_its_history_and_a_plain_ack_keeps_it(
     broker: Broker,
 ) -> None:
@@ -87,6 +86,7 @@ async def test_a_redelivery_carries_its_history_and_a_plain_ack_keeps_it(
     assert row["history"] == [entry] and row["attempts_count"] == 2
 
 
+@on_every_engine  # the in-memory engine returns the same
 async def test_settle_reports_what_landed_for_every_outcome(broker: Broker) -> None:
     engine = broker.engine
     ids = await broker.publish_batch("q", ["done", "bad", "again", "back", "stale"])

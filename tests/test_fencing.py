@@ -11,7 +11,9 @@ import pytest
 
 from sqlmq import Broker, Message, Outcome, Settlement
 
-from .conftest import rows, wait_until
+from .conftest import on_every_engine, passes, rows, sibling, wait_until
+
+pytestmark = on_every_engine
 
 # A's late decision, and B's decision on the redelivered copy: always a different one, so
 # the archive shows whose result landed.
@@ -50,7 +52,7 @@ async def test_handler_that_outlived_its_lease_cannot_settle_the_redelivered_mes
         a_extended.append(await msg.extend(30))
         await _decide(msg, late, "A")
 
-    b = Broker(db_url, table_prefix=prefix, recovery_interval=0.1)
+    b = sibling(broker, db_url, prefix, recovery_interval=0.1, recovery_spread=0)
 
     @b.subscriber("contested", flush_interval=0.01)
     async def b_handler(msg: Message) -> None:
@@ -68,6 +70,7 @@ async def test_handler_that_outlived_its_lease_cannot_settle_the_redelivered_mes
         await wait_until(lambda: _state(broker, filler_id, "PROCESSING"),
                          message="A holding the filler in its prefetch buffer")
 
+        await passes(broker, 1.0)  # A's lease runs out (at once on the in-memory engine)
         await b.start()  # B's recovery loop returns the expired delivery; B takes it
         await asyncio.wait_for(b_started.wait(), 30)
         (held_by_b,) = await rows(broker, id=msg_id)
@@ -108,6 +111,7 @@ async def test_stale_delivery_token_cannot_settle_or_extend_on_the_engine(broker
     assert [(d.id, d.deliveries) for d in first] == [(stale_id, 1)]
 
     recovered: list[int] = []
+    await passes(broker, 0.2)
 
     async def expired_lease_recovered() -> bool:
         recovered.extend(await engine.recover_expired(100))

@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
 
 from sqlmq import Broker, Message
 
-from .conftest import rows, wait_until
+from .conftest import on_every_engine, rows, wait_until
 from .procs import handled_ids, spawn_worker, terminate, worker_log
 
 
+@on_every_engine
 async def test_stop_returns_prefetched_messages_and_lets_running_handlers_finish(
     broker: Broker,
 ) -> None:
@@ -60,6 +60,7 @@ async def test_stop_returns_prefetched_messages_and_lets_running_handlers_finish
     assert (runtime.counters.completed, runtime.counters.released) == (2, 10)
 
 
+@on_every_engine
 async def test_stop_cancels_a_handler_that_overruns_graceful_timeout_and_returns_its_message(
     broker: Broker,
 ) -> None:
@@ -135,13 +136,8 @@ async def test_sigterm_stops_a_worker_process_cleanly_without_losing_messages(
 async def _count(broker: Broker, state: str) -> int:
     """Rows in one state of the message table, or in the archive for ``"archive"``."""
     if state == "archive":
-        t = broker.schema.archive
-        stmt = select(func.count()).select_from(t)
-    else:
-        t = broker.schema.message
-        stmt = select(func.count()).select_from(t).where(t.c.state == state)
-    async with broker.db.connect() as conn:
-        return (await conn.execute(stmt)).scalar_one()
+        return len(await rows(broker, "archive"))
+    return len(await rows(broker, state=state))
 
 
 async def _has(broker: Broker, state: str, n: int) -> bool:

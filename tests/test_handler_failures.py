@@ -10,12 +10,21 @@ import logging
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 
 from sqlmq import Broker, Message, Retry
-from sqlmq.runtime import TRACEBACK_LIMIT
+from sqlmq.lifecycle import ABANDON_DELAY, TRACEBACK_LIMIT
 
-from .conftest import archived, drained, wait_until
+from .conftest import (
+    archived,
+    drained,
+    on_every_engine,
+    passes,
+    rows,
+    update_row,
+    wait_until,
+)
+
+pytestmark = on_every_engine
 
 FAST: dict[str, Any] = {"flush_interval": 0.01, "max_fetch_interval": 0.05, "workers": 1}
 
@@ -23,6 +32,19 @@ FAST: dict[str, Any] = {"flush_interval": 0.01, "max_fetch_interval": 0.05, "wor
 def _records(caplog: pytest.LogCaptureFixture, *words: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records
             if r.name == "sqlmq" and all(w in r.getMessage() for w in words)]
+
+
+async def _given_back_and_due(broker: Broker, msg_id: int) -> None:
+    """Wait until ``msg_id``, given back by the runtime (ready again after ABANDON_DELAY), is
+    in the table or already archived again; then let that delay pass (on the in-memory
+    engine by moving its clock)."""
+
+    async def back() -> bool:
+        return any(r["state"] == "PENDING" for r in await rows(broker, id=msg_id)) or bool(
+            await rows(broker, "archive", id=msg_id))
+
+    await wait_until(back, message=f"message {msg_id} given back")
+    await passes(broker, ABANDON_DELAY)
 
 
 def _raise_deep(depth: int) -> None:
@@ -82,7 +104,7 @@ async def test_a_handler_raising_cancelled_error_fails_like_any_error(
     try:
         await wait_until(lambda: drained(broker, "q"), message="both messages handled")
         (runtime,) = broker.runtimes
-        assert all(not w.done() for w in runtime._workers)
+        assert all(not w.done() for w in runtime.workers.tasks)
     finally:
         await broker.stop()
 
@@ -122,18 +144,20 @@ async def test_a_fault_of_the_runtime_is_logged_and_the_worker_carries_on(
 ) -> None:
     """A bug in sqlmq itself while a message is handled (injected: the first completion
     raises) is logged with its traceback; the message is given back and runs again."""
-    from sqlmq import runtime as runtime_module
+    from sqlmq.lifecycle import Outcome
+    from sqlmq.runtime import workers as workers_module
 
     faults: list[int] = []
-    complete = runtime_module.SubscriberRuntime._complete
+    decide = workers_module.decide
 
-    def faulty(self: Any, d: Any, error: Any) -> Any:
-        if not faults:
+    def faulty(d: Any, *args: Any, **kwargs: Any) -> Any:
+        settlement = decide(d, *args, **kwargs)
+        if not faults and settlement.outcome is Outcome.COMPLETE:
             faults.append(d.id)
             raise RuntimeError("injected fault")
-        return complete(self, d, error)
+        return settlement
 
-    monkeypatch.setattr(runtime_module.SubscriberRuntime, "_complete", faulty)
+    monkeypatch.setattr(workers_module, "decide", faulty)
 
     @broker.subscriber("q", **FAST)
     async def handle(msg: Message) -> None:
@@ -142,9 +166,11 @@ async def test_a_fault_of_the_runtime_is_logged_and_the_worker_carries_on(
     ids = [await broker.publish("q", i) for i in range(3)]
     await broker.start()
     try:
+        await wait_until(lambda: faults, message="the injected fault")
+        await _given_back_and_due(broker, faults[0])
         await wait_until(lambda: drained(broker, "q"), message="every message handled")
         (runtime,) = broker.runtimes
-        assert all(not w.done() for w in runtime._workers)
+        assert all(not w.done() for w in runtime.workers.tasks)
     finally:
         await broker.stop()
 
@@ -175,10 +201,11 @@ async def test_a_worker_cancelled_from_outside_is_replaced_and_its_message_given
     try:
         await asyncio.wait_for(started.wait(), 20)
         (runtime,) = broker.runtimes
-        (worker,) = runtime._workers
+        (worker,) = runtime.workers.tasks
         worker.cancel()  # e.g. a library that cancels the wrong task
+        await _given_back_and_due(broker, msg_id)
         row = await archived(broker, msg_id)
-        assert runtime._workers[0] is not worker and not runtime._workers[0].done()
+        assert runtime.workers.tasks[0] is not worker and not runtime.workers.tasks[0].done()
     finally:
         await broker.stop()
 
@@ -195,9 +222,7 @@ async def test_reaching_max_deliveries_is_logged(
         pass
 
     msg_id = await broker.publish("q", "x")
-    m = broker.schema.message.name
-    async with broker.db.begin() as conn:  # three deliveries that ended without a result
-        await conn.execute(text(f"UPDATE {m} SET deliveries_count = 3 WHERE id = {msg_id}"))
+    await update_row(broker, msg_id, deliveries_count=3)  # three that ended without a result
     await broker.start()
     try:
         row = await archived(broker, msg_id)
@@ -226,9 +251,7 @@ async def test_max_deliveries_stops_a_poison_message_by_default(
         pass
 
     poison, fine = await broker.publish("q", "poison"), await broker.publish("q", "fine")
-    m = broker.schema.message.name
-    async with broker.db.begin() as conn:
-        await conn.execute(text(f"UPDATE {m} SET deliveries_count = 10 WHERE id = {poison}"))
+    await update_row(broker, poison, deliveries_count=10)
     await broker.start()
     try:
         await wait_until(lambda: drained(broker, "q"), message="both messages archived")

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlmq import Broker, Message
 
-from .conftest import rows, wait_until
+from .conftest import on_every_engine, rows, wait_until
 from .procs import spawn_worker
 
 
@@ -90,6 +90,7 @@ async def test_renewed_lease_outlives_a_handler_three_times_longer_than_the_leas
         (i, "COMPLETED", 1) for i in ids]
 
 
+@on_every_engine
 async def test_extend_pushes_the_lease_forward_on_the_database(broker: Broker) -> None:
     seen: dict[str, Any] = {}
 

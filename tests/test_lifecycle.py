@@ -13,7 +13,9 @@ from typing import Any
 
 from sqlmq import Broker, Message, Retry
 
-from .conftest import archived, rows, wait_until
+from .conftest import archived, on_every_engine, passes, rows, sibling, wait_until
+
+pytestmark = on_every_engine
 
 FAST = {"flush_interval": 0.01, "max_fetch_interval": 0.05}
 
@@ -202,7 +204,7 @@ async def test_delivery_beyond_max_deliveries_fails_without_running_the_handler(
 ) -> None:
     # A handler that never finishes, a short lease that is not renewed: the lease expires,
     # recovery hands the message out again, and the second delivery exceeds the limit.
-    b = Broker(db_url, table_prefix=prefix, recovery_interval=0.1)
+    b = sibling(broker, db_url, prefix, recovery_interval=0.1, recovery_spread=0)
     calls: list[int] = []
     never = asyncio.Event()
 
@@ -215,6 +217,8 @@ async def test_delivery_beyond_max_deliveries_fails_without_running_the_handler(
     msg_id = await b.publish("q", "poison")
     await b.start()
     try:
+        await wait_until(lambda: calls, message="the first delivery")
+        await passes(b, 0.3)  # its lease runs out (at once on the in-memory engine)
         row = await archived(b, msg_id)
         (runtime,) = b.runtimes
     finally:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from sqlalchemy import delete, func, inspect, select
+from sqlalchemy import Index, MetaData, Table, delete, func, inspect, select
 
 from sqlmq import SCHEMA_VERSION, Broker, Message, SchemaError
 
@@ -72,3 +73,100 @@ def test_bad_table_prefixes_are_refused() -> None:
     for bad in ["", "x; drop table", "A", "1abc", "a" * 31, "with-dash"]:
         with pytest.raises(ConfigurationError, match="table prefix"):
             Broker("sqlite:///x.db", table_prefix=bad)
+
+
+def _v2_metadata(schema: Any) -> MetaData:
+    """The tables as schema version 2 made them: no ``priority`` column anywhere, the
+    ready index on ``(queue, next_attempt_at, id)``, and no due index."""
+    md = MetaData()
+    for t in schema.metadata.sorted_tables:
+        old = Table(t.name, md, *[c._copy() for c in t.columns if c.name != "priority"],
+                    **t.dialect_kwargs)
+        for ix in t.indexes:
+            if ix.name.endswith("_due"):
+                continue
+            columns = (["queue", "next_attempt_at", "id"] if ix.name.endswith("_ready")
+                       else [c.name for c in ix.columns])
+            Index(ix.name, *[old.c[c] for c in columns], **ix.dialect_kwargs)
+    return md
+
+
+async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
+    db_url: str, prefix: str
+) -> None:
+    """Four brokers migrate a version-2 schema holding messages of every state and archive
+    rows at once: the columns and the new ready index appear once, existing rows get
+    priority 0, and acquire then takes by priority."""
+    from datetime import UTC, datetime, timedelta
+
+    brokers = [Broker(db_url, table_prefix=prefix) for _ in range(4)]
+    schema = brokers[0].schema
+    old = _v2_metadata(schema)
+    now = datetime.now(UTC)
+    try:
+        async with brokers[0].db.begin() as conn:
+            await conn.run_sync(old.create_all)
+            m, a, v = (old.tables[t.name] for t in (schema.message, schema.archive,
+                                                    schema.version))
+            await conn.execute(v.insert(), [{"version": 1, "applied_at": now},
+                                            {"version": 2, "applied_at": now}])
+            base = {"queue": "q", "headers": {}, "payload": b"x", "attempts_count": 0,
+                    "deliveries_count": 0, "created_at": now}
+            await conn.execute(m.insert(), [
+                {**base, "state": "PENDING", "next_attempt_at": now},
+                {**base, "state": "RETRYABLE", "next_attempt_at": now},
+                {**base, "state": "PENDING", "next_attempt_at": now + timedelta(hours=1)},
+                {**base, "state": "PROCESSING", "next_attempt_at": None,
+                 "deliveries_count": 1, "lease_expires_at": now + timedelta(hours=1)},
+            ])
+            await conn.execute(a.insert(), [{**base, "id": 1000, "state": "COMPLETED",
+                                             "archived_at": now}])
+        with pytest.raises(SchemaError, match="version 2"):
+            await brokers[0].check_schema()
+
+        versions = await asyncio.gather(*(b.migrate() for b in brokers))
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 3
+        await brokers[0].check_schema()
+
+        def look(conn: Any) -> tuple[Any, ...]:
+            i = inspect(conn)
+            cols = {t.name: {c["name"]: c for c in i.get_columns(t.name)}
+                    for t in (schema.message, schema.archive, schema.spark_staging)}
+            indexes = {ix["name"]: ix for ix in i.get_indexes(schema.message.name)}
+            ready = [ix for name, ix in indexes.items()
+                     if name == f"ix_{schema.message.name}_ready"]
+            return cols, ready, indexes.get(f"ix_{schema.message.name}_due")
+
+        async with brokers[0].db.connect() as conn:
+            cols, ready, due = await conn.run_sync(look)
+            mysql = conn.dialect.name in ("mysql", "mariadb")
+            recorded = (await conn.execute(select(schema.version.c.version)
+                                           .order_by(schema.version.c.version))).scalars().all()
+            kept = (await conn.execute(select(schema.message.c.id, schema.message.c.priority)
+                                       .order_by(schema.message.c.id))).all()
+            archived = (await conn.execute(select(schema.archive.c.priority))).scalars().all()
+        for table in cols.values():
+            assert table["priority"]["nullable"] is False
+        (index,) = ready
+        assert index["column_names"] == ["queue", "priority", "next_attempt_at", "id"]
+        if "column_sorting" in index:  # where the dialect reflects it
+            assert index["column_sorting"].get("priority", ())[:1] == ("desc",)
+        # MySQL and MariaDB also get the due index acquire's probe reads; nobody else does.
+        if mysql:
+            assert due is not None and due["column_names"] == ["queue", "next_attempt_at"]
+        else:
+            assert due is None
+        assert recorded == [1, 2, 3]
+        assert [r.priority for r in kept] == [0, 0, 0, 0]
+        assert archived == [0]
+        pending, retryable = kept[0].id, kept[1].id
+
+        # The migrated table works: a new high-priority message goes before the old ones.
+        (urgent,) = await brokers[0].publish_batch("q", [b"urgent"], priority=5)
+        taken = await brokers[0].engine.acquire(["q"], 10, 30)
+        assert [d.id for d in taken] == [urgent, pending, retryable]
+        assert [d.priority for d in taken] == [5, 0, 0]
+    finally:
+        for b in brokers:
+            await b.close()
+        drop_tables(db_url, prefix)

@@ -1,14 +1,17 @@
-"""Property tests of the publish API and the codecs, on every database.
+"""Property tests of the publish API and the codecs, on every database and the in-memory
+engine.
 
 For any body, headers and queue name: either publishing raises a clear sqlmq error and
 writes nothing, or the stored message round-trips exactly (queue, payload bytes, headers,
 decoded body). Queue names are exact: no case folding, no ignored trailing spaces.
-SQLite takes the bulk of the examples; the server databases a smaller share.
+SQLite takes the bulk of the examples; the server databases and the in-memory engine a
+smaller share.
 """
 
 from __future__ import annotations
 
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,7 +22,11 @@ from sqlalchemy import func, select
 from sqlmq import Broker, SqlmqError, decode, encode
 from sqlmq.codec import CONTENT_TYPE
 
-EXAMPLES = {"sqlite": 300, "postgresql": 60, "mariadb": 60}
+from .conftest import memory_rows, on_every_engine, on_memory
+
+pytestmark = on_every_engine
+
+EXAMPLES = {"memory": 60, "sqlite": 300, "postgresql": 60, "mariadb": 60}
 
 # Any code point, lone surrogates and NUL included: what a caller can put in a Python str.
 wild = st.text(st.characters(blacklist_categories=()), max_size=40)
@@ -50,6 +57,8 @@ def settings_for(db_kind: str) -> settings:
 
 
 def count(broker: Broker, **where: Any) -> int:
+    if on_memory(broker):
+        return len(memory_rows(broker, **where))
     m = broker.schema.message
     stmt = select(func.count()).select_from(m).where(*(m.c[k] == v for k, v in where.items()))
     with broker.sync_db.connect() as conn:
@@ -57,6 +66,9 @@ def count(broker: Broker, **where: Any) -> int:
 
 
 def stored(broker: Broker, msg_id: int) -> Any:
+    if on_memory(broker):
+        (row,) = memory_rows(broker, id=msg_id)
+        return SimpleNamespace(**row)
     m = broker.schema.message
     with broker.sync_db.connect() as conn:
         return conn.execute(select(m).where(m.c.id == msg_id)).one()

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from sqlmq import Broker, Message, PublishError
 from sqlmq.connect import parse_url, sync_url
 
-from .conftest import counting_inserts, drained, rows, wait_until
+from .conftest import counting_inserts, drained, on_every_engine, rows, speed_up, wait_until
 
 FAST = {"flush_interval": 0.01, "max_fetch_interval": 0.02}
 CLOCK_RESOLUTION = timedelta(milliseconds=2)  # SQLite keeps milliseconds
@@ -53,7 +53,9 @@ def sync_engine(db_url: str) -> Iterator[SyncEngine]:
 # ---- delayed delivery and order ------------------------------------------------------------
 
 
+@on_every_engine
 async def test_delayed_message_stays_pending_until_due(broker: Broker) -> None:
+    speed_up(broker)  # on the in-memory engine, delays pass 10 times faster
     msg_id = await broker.publish("q", "later", delay=1.0)
     (row,) = await rows(broker, id=msg_id)
 
@@ -68,7 +70,9 @@ async def test_delayed_message_stays_pending_until_due(broker: Broker) -> None:
     assert done["first_attempt_at"] >= row["next_attempt_at"]  # not delivered before due
 
 
+@on_every_engine
 async def test_message_published_at_a_time_is_due_exactly_then(broker: Broker) -> None:
+    speed_up(broker)  # on the in-memory engine, delays pass 10 times faster
     now = await broker.engine.now()
     at = (now + timedelta(seconds=0.5)).astimezone(timezone(timedelta(hours=2)))
     msg_id = await broker.publish("q", "at", at=at)
@@ -81,9 +85,11 @@ async def test_message_published_at_a_time_is_due_exactly_then(broker: Broker) -
     assert done["first_attempt_at"] >= at
 
 
+@on_every_engine
 async def test_delayed_messages_are_handled_in_due_order_not_publish_order(
     broker: Broker,
 ) -> None:
+    speed_up(broker)  # on the in-memory engine, delays pass 10 times faster
     await broker.publish("q", "third", delay=1.0)
     await broker.publish("q", "second", delay=0.5)
     await broker.publish("q", "first")
@@ -91,7 +97,9 @@ async def test_delayed_messages_are_handled_in_due_order_not_publish_order(
     assert await consume(broker, "q", 3) == ["first", "second", "third"]
 
 
+@on_every_engine
 async def test_one_worker_handles_in_next_attempt_at_then_id_order(broker: Broker) -> None:
+    speed_up(broker)  # on the in-memory engine, delays pass 10 times faster
     now = await broker.engine.now()
     at = lambda seconds: now + timedelta(seconds=seconds)  # noqa: E731
     # Published out of schedule order; equal schedules are broken by id.
@@ -180,6 +188,7 @@ async def test_publish_sync_on_a_session_commits_and_rolls_back_with_it(
     assert await consume(broker, "q", 1) == ["committed"]
 
 
+@on_every_engine
 async def test_publish_sync_without_a_connection_commits_on_its_own(broker: Broker) -> None:
     msg_id = await asyncio.to_thread(broker.publish_sync, "q", {"n": 1})
 
@@ -226,6 +235,7 @@ async def test_publish_batch_sync_returns_ids_in_body_order_in_one_round_trip(
     assert [by_id[i]["payload"] for i in ids] == [str(n).encode() for n in range(50)]
 
 
+@on_every_engine
 async def test_empty_batch_writes_nothing(broker: Broker) -> None:
     assert await broker.publish_batch("q", []) == []
     assert await rows(broker) == []

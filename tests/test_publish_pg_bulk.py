@@ -17,8 +17,9 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sqlmq import Broker, PayloadTooLarge, PublishError
 from sqlmq.codec import CONTENT_TYPE, encode
-from sqlmq.notify import channel_for
-from sqlmq.publishing import PG_COPY_MIN, prepare
+from sqlmq.engines.pg_notify import channel_for
+from sqlmq.engines.pg_publish import PG_COPY_MIN
+from sqlmq.publishing import prepare
 
 from .conftest import PG_URL, counting_inserts, drop_tables, rows
 

@@ -10,12 +10,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import text
 
 from sqlmq import Broker, Message, Retry
 from sqlmq.records import HISTORY_LIMIT
 
-from .conftest import archived, drained, rows, wait_until
+from .conftest import (
+    archived,
+    drained,
+    on_every_engine,
+    passes,
+    rows,
+    sibling,
+    update_row,
+    wait_until,
+)
 
 FAST = {"flush_interval": 0.01, "max_fetch_interval": 0.05}
 
@@ -27,7 +36,7 @@ def endings(row: Any) -> list[tuple[int, str]]:
 async def expire(broker: Broker, queue: str, n: int) -> list[int]:
     """Acquire ``n`` messages on a lease that is already over, as a process that died."""
     taken = await broker.engine.acquire([queue], n, 0.001)
-    await asyncio.sleep(0.05)
+    await passes(broker, 0.05)
     return [d.id for d in taken]
 
 
@@ -63,18 +72,16 @@ async def test_handler_running_many_leases_long_is_not_redelivered_while_its_pro
     assert broker.runtimes[0].counters.lost_leases == 0
 
 
+@on_every_engine
 async def test_extend_keeps_a_delivery_past_its_lease_and_reports_a_lost_one(
     broker: Broker, db_url: str, prefix: str
 ) -> None:
-    rescuer = Broker(db_url, table_prefix=prefix)  # another process's recovery
+    rescuer = sibling(broker, db_url, prefix)  # another process's recovery
     extended: list[bool] = []
 
     async def taken_over(msg: Message) -> None:
         # As if this process had hung: the lease runs out and another process recovers it.
-        m = broker.schema.message
-        async with broker.db.begin() as conn:
-            await conn.execute(update(m).where(m.c.id == msg.id)
-                               .values(lease_expires_at=datetime(2000, 1, 1, tzinfo=UTC)))
+        await update_row(broker, msg.id, lease_expires_at=datetime(2000, 1, 1, tzinfo=UTC))
         assert await rescuer.engine.recover_expired(100) == [msg.id]
 
     @broker.subscriber("q", lease=0.5, renew_leases=False, **FAST)
@@ -82,7 +89,7 @@ async def test_extend_keeps_a_delivery_past_its_lease_and_reports_a_lost_one(
         if msg.deliveries > 1:
             return
         extended.append(await msg.extend(30))
-        await asyncio.sleep(1.0)  # twice the original lease
+        await passes(broker, 1.0)  # twice the original lease
         assert await rescuer.engine.recover_expired(100) == []  # still ours: extended
         await taken_over(msg)
         extended.append(await msg.extend(30))
@@ -108,10 +115,11 @@ async def test_extend_keeps_a_delivery_past_its_lease_and_reports_a_lost_one(
 # ---- recovery ----------------------------------------------------------------------------
 
 
+@on_every_engine
 async def test_concurrent_recoverers_recover_each_expired_message_exactly_once(
     broker: Broker, db_url: str, prefix: str
 ) -> None:
-    others = [Broker(db_url, table_prefix=prefix) for _ in range(3)]
+    others = [sibling(broker, db_url, prefix) for _ in range(3)]
     recoverers = [broker, *others]
     await broker.publish_batch("q", range(300))
     taken = await expire(broker, "q", 300)
@@ -158,10 +166,11 @@ async def expire_one(broker: Broker) -> list[int]:
 # ---- delivery records --------------------------------------------------------------------
 
 
+@on_every_engine
 async def test_archive_history_says_how_each_failed_delivery_ended(
     broker: Broker, db_url: str, prefix: str
 ) -> None:
-    b = Broker(db_url, table_prefix=prefix, recovery_interval=0.1)
+    b = sibling(broker, db_url, prefix, recovery_interval=0.1, recovery_spread=0)
 
     @b.subscriber("errors", retry=Retry.constant(0, max_attempts=2), **FAST)
     async def fails(msg: Message) -> None:
@@ -204,6 +213,7 @@ async def test_archive_history_says_how_each_failed_delivery_ended(
     assert endings(limit) == [(1, "lease_expired"), (2, "lease_expired"), (3, "max_deliveries")]
 
 
+@on_every_engine
 async def test_history_keeps_only_the_newest_endings(broker: Broker) -> None:
     (msg_id,) = await expire_one(broker)
     for _ in range(HISTORY_LIMIT + 2):
@@ -218,6 +228,7 @@ async def test_history_keeps_only_the_newest_endings(broker: Broker) -> None:
                             for n in range(deliveries - HISTORY_LIMIT + 1, deliveries + 1)]
 
 
+@on_every_engine
 async def test_error_text_a_database_cannot_store_does_not_block_the_flush(
     broker: Broker,
 ) -> None:
@@ -264,14 +275,15 @@ async def test_flush_that_keeps_failing_stops_new_work_then_lands_every_ack_once
 
     async def sample() -> None:
         while True:
-            peak["held"] = max(peak["held"], len(runtime._held))
-            peak["results"] = max(peak["results"], len(runtime._results))
-            peak["buffer"] = max(peak["buffer"], runtime._buffer.qsize())
+            peak["held"] = max(peak["held"], len(runtime.holdings.held))
+            peak["results"] = max(peak["results"], len(runtime.flusher.results))
+            peak["buffer"] = max(peak["buffer"], runtime.fetcher.buffer.qsize())
             await asyncio.sleep(0.002)
 
     sampler = asyncio.create_task(sample())
     try:
-        await wait_until(lambda: len(runtime._results) >= max_unflushed, message="cap reached")
+        await wait_until(lambda: len(runtime.flusher.results) >= max_unflushed,
+                         message="cap reached")
         await asyncio.sleep(2.5)  # more than two leases: held messages must stay held
         stalled_at = len(handled)
         assert runtime.counters.acquired <= prefetch + workers + max_unflushed
@@ -295,6 +307,7 @@ async def test_flush_that_keeps_failing_stops_new_work_then_lands_every_ack_once
     assert "recovered after" in flush_logs[1]
 
 
+@on_every_engine
 async def test_new_message_never_gets_the_id_of_an_archived_one(broker: Broker) -> None:
     @broker.subscriber("q", **FAST)
     async def handle(msg: Message) -> None:

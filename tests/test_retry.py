@@ -15,7 +15,7 @@ import pytest
 from sqlmq import Broker, Message, Retry
 from sqlmq.retry import delay_seconds
 
-from .conftest import rows, wait_until
+from .conftest import on_every_engine, rows, speed_up, wait_until
 
 FAST = {"flush_interval": 0.01, "max_fetch_interval": 0.02}
 # SQLite keeps milliseconds: two DB timestamps may each be rounded by half of one.
@@ -125,10 +125,12 @@ END_TO_END = {
 }
 
 
+@on_every_engine
 @pytest.mark.parametrize("name", list(END_TO_END))
 async def test_failing_message_is_retried_on_schedule_until_retries_are_exhausted(
     broker: Broker, name: str
 ) -> None:
+    speed_up(broker)  # on the in-memory engine, retry delays pass 10 times faster
     inner, expected = END_TO_END[name]
     strategy = Recorder(inner)
     waited: list[float] = []  # per redelivery: acquired_at - last_attempt_at, DB clock
@@ -168,6 +170,7 @@ async def test_failing_message_is_retried_on_schedule_until_retries_are_exhauste
         f"retries exhausted after {attempts} attempt(s): ValueError: boom")
 
 
+@on_every_engine
 async def test_each_strategy_schedules_the_retry_at_last_attempt_plus_its_delay(
     broker: Broker,
 ) -> None:
@@ -207,6 +210,7 @@ async def test_each_strategy_schedules_the_retry_at_last_attempt_plus_its_delay(
         assert gap == pytest.approx(delay, abs=CLOCK_RESOLUTION), queue
 
 
+@on_every_engine
 async def test_a_failing_strategy_archives_the_message_failed(broker: Broker) -> None:
     def broken(attempt: int, error: BaseException | None) -> float:
         raise RuntimeError("strategy bug")

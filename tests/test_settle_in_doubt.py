@@ -13,16 +13,17 @@ then the reply is "lost"), the one spot where it can be placed deterministically
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import pytest
 
 from sqlmq import AckPolicy, Broker, Message, Retry
+from sqlmq.lifecycle import Outcome
 from sqlmq.records import Settlement
-from sqlmq.states import Outcome
 
-from .conftest import rows, wait_until
+from .conftest import on_every_engine, passes, rows, wait_until
+
+pytestmark = on_every_engine
 
 N = 20
 
@@ -99,7 +100,7 @@ async def test_landed_tells_written_results_from_stale_ones(broker: Broker) -> N
     # The sixth: its lease runs out and recovery takes it back; none of its results landed.
     late = d[ids[5]]
     await engine.extend([(late.id, late.deliveries)], 0.05)
-    await asyncio.sleep(0.3)
+    await passes(broker, 0.3)
     assert ids[5] in await engine.recover_expired(100)
     never = [Settlement(late.id, late.deliveries, o, attempted=False)
              for o in (Outcome.COMPLETE, Outcome.RETRY, Outcome.RELEASE)]

@@ -1,10 +1,12 @@
-"""The shortest path through the lifecycle, on every database."""
+"""The shortest path through the lifecycle, on every database and the in-memory engine."""
 
 from __future__ import annotations
 
 from sqlmq import Broker, Message
 
-from .conftest import drained, rows, wait_until
+from .conftest import drained, on_every_engine, rows, wait_until
+
+pytestmark = on_every_engine
 
 
 async def test_published_message_is_handled_and_archived_completed(broker: Broker) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqlmq import Broker, Message
-from sqlmq.notify import Listener
+from sqlmq.engines.pg_notify import Listener
 
 from .conftest import wait_until
 from .procs import ROOT

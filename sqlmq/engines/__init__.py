@@ -1,29 +1,79 @@
-"""One engine per database behind the :class:`Engine` contract."""
+"""One engine per database behind the :class:`Engine` contract (see :mod:`.contract`).
+
+:func:`engine_for` is the only place that chooses an engine: from a URL, or from the
+SQLAlchemy engine a caller built. ``memory://`` is the in-process engine of
+:mod:`sqlmq.engines.memory`, for tests and examples.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from sqlalchemy import URL
+from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..connect import parse_url
 from ..errors import ConfigurationError
 from ..schema import Schema
-from .base import Engine
+from .contract import Engine, WakeSource
+
+if TYPE_CHECKING:
+    from .base import SqlEngine
+
+#: The URL scheme of the in-memory engine.
+MEMORY_SCHEME = "memory"
 
 
-def engine_for(db: AsyncEngine, schema: Schema) -> Engine:
-    name = db.dialect.name
+def is_memory_url(url: str | URL) -> bool:
+    """Whether ``url`` names the in-memory engine (``memory://``)."""
+    if isinstance(url, URL):
+        return url.drivername == MEMORY_SCHEME
+    return url.split(":", 1)[0].lower() == MEMORY_SCHEME
+
+
+def engine_for_url(url: str | URL, schema: Schema) -> Engine:
+    """The engine for a database URL; its SQLAlchemy engines are created on first use."""
+    if is_memory_url(url):
+        from .memory import MemoryEngine
+
+        return MemoryEngine(schema)
+    parsed = parse_url(url)
+    return _engine_class(parsed.get_backend_name())(None, schema, url=parsed)
+
+
+def engine_for(target: str | URL | AsyncEngine | SyncEngine, schema: Schema) -> Engine:
+    """The engine for ``target``: a URL, or a caller's SQLAlchemy ``AsyncEngine`` (or sync
+    ``Engine``, which then serves ``publish_sync`` only)."""
+    if isinstance(target, str | URL):
+        return engine_for_url(target, schema)
+    if isinstance(target, AsyncEngine):
+        if target.dialect.name == "sqlite":
+            # SQLite needs sqlmq's connection set-up (WAL, BEGIN IMMEDIATE) to share work
+            # between processes safely, so sqlmq opens the same file with its own engine.
+            return engine_for_url(target.url, schema)
+        return _engine_class(target.dialect.name)(target, schema)
+    if isinstance(target, SyncEngine):
+        return _engine_class(target.dialect.name)(None, schema, sync_db=target)
+    raise ConfigurationError(
+        f"Broker needs a database URL or a SQLAlchemy engine, got {type(target).__name__}"
+    )
+
+
+def _engine_class(name: str) -> type[SqlEngine]:
     if name == "postgresql":
         from .postgres import PostgresEngine
 
-        return PostgresEngine(db, schema)
+        return PostgresEngine
     if name in ("mysql", "mariadb"):
         from .mysql import MysqlEngine
 
-        return MysqlEngine(db, schema)
+        return MysqlEngine
     if name == "sqlite":
         from .sqlite import SqliteEngine
 
-        return SqliteEngine(db, schema)
+        return SqliteEngine
     raise ConfigurationError(f"no sqlmq engine for database {name!r}")
 
 
-__all__ = ["Engine", "engine_for"]
+__all__ = ["Engine", "WakeSource", "engine_for", "engine_for_url", "is_memory_url"]

@@ -1,6 +1,10 @@
-"""The engine contract: every statement that touches message rows goes through one of these
-methods, named after the lifecycle. One implementation per database lives beside this
-file; dialect differences live there and nowhere else.
+"""Shared plumbing of the SQL engines: the SQLAlchemy engines they run on (created from the
+URL on first use, or the caller's), kept connections for the hot path, the publish path
+through SQLAlchemy Core (MySQL and SQLite batches, and the caller's transaction there), the
+statements off the hot path written once in Core, and the decoding of acquired rows.
+
+The contract itself is :mod:`sqlmq.engines.contract`; only the engines know which database
+they talk to.
 """
 
 from __future__ import annotations
@@ -10,82 +14,27 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn
 
-from sqlalchemy import TextClause, column, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import URL, insert, literal
+from sqlalchemy.engine import Connection, CursorResult, Dialect
+from sqlalchemy.engine import Engine as SyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
 
-from ..connect import READ_ONLY
+from ..connect import READ_ONLY, create_async, create_sync, sync_url
+from ..errors import ConfigurationError
+from ..lifecycle import Outcome, State
+from ..migrate import MigrationLock, check_schema, migrate
 from ..records import Delivery, NewMessage, QueueStats, Settlement
-from ..schema import Schema, UTCDateTime
-from ..states import Outcome
+from ..schema import Schema
+from ..sqltime import db_now_plus
+from .contract import WakeSource
+from .sql import names_for
 
-
-@runtime_checkable
-class Engine(Protocol):
-    """What the broker and the subscriber runtime need from a database.
-
-    Every write after acquisition is fenced on ``(id, deliveries)`` and state PROCESSING:
-    methods return the ids they actually wrote, and anything missing was stale.
-    """
-
-    dialect: str
-    schema: Schema
-
-    async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
-        """Mark up to ``limit`` ready messages PROCESSING (one more delivery each, a lease of
-        ``lease`` seconds) and return them in ``next_attempt_at`` order."""
-        ...
-
-    async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
-        """Apply a batch of results in one transaction; archive, retry or release."""
-        ...
-
-    async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
-        """Push the lease of each held ``(id, deliveries)`` to now + ``seconds``."""
-        ...
-
-    async def landed(self, settlements: Sequence[Settlement]) -> set[int]:
-        """The ids among ``settlements`` whose result the database shows as written by
-        exactly that delivery. A settle whose reply was lost (the connection died around
-        its COMMIT) may have committed: retried, its rows are no longer PROCESSING and look
-        stale, and this tells the runtime they were its own."""
-        ...
-
-    async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
-        """Return messages whose lease expired to PENDING, recording why.
-
-        Each becomes ready at a random moment within ``spread`` seconds, so that messages
-        which were prefetched beside a poison message do not travel with it into the next
-        batch (and the next crash) again.
-        """
-        ...
-
-    async def requeue_archived(
-        self, *, queue: str | None = None, ids: Sequence[int] | None = None,
-        state: str = "FAILED",
-    ) -> int:
-        """Move archived messages back to the table as fresh PENDING messages."""
-        ...
-
-    async def purge_archived(
-        self, *, queue: str | None = None, state: str | None = None,
-        before: datetime | None = None,
-    ) -> int:
-        ...
-
-    async def stats(self) -> list[QueueStats]:
-        ...
-
-    async def now(self) -> datetime:
-        ...
-
-    def commit_counter(self) -> Callable[[], int | None] | None:
-        """A cheap reading that changes whenever any connection, in any process, commits a
-        write (None as a reading: it could not tell), so an idle subscriber can look far
-        more often than it could acquire; None where the database offers no such thing."""
-        ...
-
+#: The outcomes that end a message (its row moves to the archive), and those that put it back.
+ARCHIVING = frozenset((Outcome.COMPLETE, Outcome.FAIL))
+RETURNING = frozenset((Outcome.RETRY, Outcome.RELEASE))
 
 class KeptConnections:
     """A few autocommit connections the hot path keeps checked out of the pool and reuses.
@@ -130,7 +79,7 @@ class KeptConnections:
         else:
             self._kept.append((conn, time.monotonic()))
 
-    async def close(self) -> None:
+    async def _close_kept(self) -> None:
         """Return the kept connections to the pool; later calls do not keep any."""
         self._kept_closed = True
         while self._kept:
@@ -161,48 +110,146 @@ async def discard(conn: AsyncConnection) -> None:
         await conn.close()
 
 
-class SqlEngine:
-    """Shared plumbing of the SQL engines: typed text statements and row conversion."""
+class SqlEngine(KeptConnections):
+    """What the three SQL engines share: the SQLAlchemy engines under them, schema and
+    life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 
-    dialect = "generic"
+    ``db`` is the async engine everything but ``publish_sync`` runs on, created from the URL
+    on first use unless the caller gave one; ``sync_db`` the same for ``publish_sync``. An
+    engine given only a synchronous SQLAlchemy Engine publishes synchronously and does
+    nothing else.
+    """
 
-    def __init__(self, db: AsyncEngine, schema: Schema) -> None:
-        self.db = db
+    hands_over = False
+    #: Rows per INSERT in the Core path, where the databases limit bound parameters.
+    CHUNK = 1000
+    #: Lock the archive rows a requeue copies (SQLite's BEGIN IMMEDIATE already serialises).
+    LOCK_FOR_REQUEUE = True
+
+    def __init__(self, db: AsyncEngine | None, schema: Schema, *, url: URL | None = None,
+                 sync_db: SyncEngine | None = None) -> None:
+        super().__init__()
         self.schema = schema
-        self.names = schema.names
+        #: The fields of this engine's statements (see :func:`sqlmq.engines.sql.render`).
+        self.names = names_for(schema)
+        given = db if db is not None else sync_db
+        if url is None and given is None:
+            raise ConfigurationError("an engine needs a URL or a SQLAlchemy engine")
+        self.url: URL = url if url is not None else given.url  # type: ignore[union-attr]
+        self._db = db
+        self._sync_db = sync_db
+        self._owns_db = db is None
+        self._sync_only = db is None and url is None
         #: Names the lock that lets one process at a time recover expired leases.
         self.recovery_lock = f"sqlmq:recover:{schema.prefix}"
-        self._types = {c.name: c.type for c in schema.message.c}
-        self._types.update({c.name: c.type for c in schema.archive.c})
-        self._types["scheduled_at"] = UTCDateTime()
-        self._types["db_now"] = UTCDateTime()
+
+    @property
+    def db(self) -> AsyncEngine:
+        """The async SQLAlchemy engine (created from the URL on first use)."""
+        if self._db is None:
+            if self._sync_only:
+                raise ConfigurationError(
+                    "this broker was given a synchronous Engine: only publish_sync() and "
+                    "publish_batch_sync() are available; pass a URL or an AsyncEngine to consume"
+                )
+            self._db = create_async(self.url)
+        return self._db
+
+    @property
+    def sync_db(self) -> SyncEngine:
+        """The synchronous SQLAlchemy engine ``publish_sync`` runs on (created on first use)."""
+        if self._sync_db is None:
+            self._sync_db = create_sync(sync_url(self.url))
+        return self._sync_db
+
+    # ---- contract defaults ---------------------------------------------------------------
 
     def commit_counter(self) -> Callable[[], int | None] | None:
         return None  # PostgreSQL has LISTEN; MySQL nothing as cheap as its acquire
 
-    def sql(self, statement: str, *result_columns: str) -> TextClause:
-        """A text statement with table names filled in and result columns typed."""
-        clause = text(statement.format(**self.names))
-        if result_columns:
-            clause = clause.columns(*(column(n, self._types[n]) for n in result_columns))
-        return clause
+    def wake_source(self, on_queue: Callable[[str], None],
+                    on_all: Callable[[], None]) -> WakeSource | None:
+        return None
 
-    @staticmethod
-    def delivery(row: Any) -> Delivery:
-        return Delivery(
-            id=row.id,
-            queue=row.queue,
-            headers=_as_json(row.headers) or {},
-            payload=bytes(row.payload),
-            attempts=row.attempts_count,
-            deliveries=row.deliveries_count,
-            created_at=row.created_at,
-            first_attempt_at=row.first_attempt_at,
-            acquired_at=row.acquired_at,
-            lease_expires_at=row.lease_expires_at,
-            scheduled_at=row.scheduled_at,
-            history=_as_json(row.history) or [],
-        )
+    async def publish_leased(self, message: NewMessage, lease: float) -> NoReturn:
+        raise NotImplementedError(f"{type(self).__name__} does not hand publishes over")
+
+    def _migration_lock(self, conn: Connection) -> Callable[[], None] | None:
+        """Take the lock that makes concurrent migrators of this prefix take turns, in
+        ``conn``'s transaction; returns what releases it, if it outlives the transaction."""
+        return None
+
+    async def migrate(self) -> int:
+        lock: MigrationLock = self._migration_lock
+        return await migrate(self.db, self.schema, lock)
+
+    async def check_schema(self, shown_url: str) -> None:
+        await check_schema(self.db, self.schema, shown_url)
+
+    async def close(self) -> None:
+        """Return the kept connections, and dispose of the SQLAlchemy engines sqlmq made
+        (a later call makes new ones: the broker may start again)."""
+        await self._close_kept()
+        if self._owns_db and self._db is not None:
+            await self._db.dispose()
+            self._db = None
+            self._kept_closed = False
+        if self._sync_db is not None:
+            self._sync_db.dispose()
+
+    # ---- publishing through SQLAlchemy Core ----------------------------------------------
+
+    async def _publish_core(self, messages: Sequence[NewMessage],
+                            executor: AsyncConnection | AsyncSession | None) -> list[int]:
+        """Insert ``messages`` in ``executor``'s transaction, or in one of sqlmq's own."""
+        if executor is None:
+            async with self.db.begin() as conn:
+                return await self._publish_core(messages, conn)
+        if isinstance(executor, AsyncSession):
+            executor = await executor.connection()
+        ids: list[int] = []
+        for statement, params, read in self._insert_plans(executor.dialect, messages):
+            ids += read(await executor.execute(statement, params))
+        return ids
+
+    def publish_sync(self, messages: Sequence[NewMessage],
+                     executor: Connection | Session | None = None) -> list[int]:
+        if executor is None:
+            with self.sync_db.begin() as conn:
+                return self.publish_sync(messages, conn)
+        if isinstance(executor, Session):
+            executor = executor.connection()
+        ids: list[int] = []
+        for statement, params, read in self._insert_plans(executor.dialect, messages):
+            ids += read(executor.execute(statement, params))
+        return ids
+
+    def _insert_plans(self, dialect: Dialect, messages: Sequence[NewMessage]) -> list[Any]:
+        """``(statement, parameters, ids of the result)`` per chunk of ``messages``, which
+        share a queue, a schedule and a priority. Where the database returns ids (SQLite,
+        MariaDB), one statement with the per-row values as parameters: SQLAlchemy sends it as
+        multi-row INSERT … RETURNING batches without compiling a statement per batch. MySQL 8
+        has no RETURNING: one multi-row INSERT per chunk, whose ids are consecutive."""
+        first, t = messages[0], self.schema.message
+        when = first.at if first.at is not None else db_now_plus(literal(first.delay))
+        chunks = [messages[i : i + self.CHUNK] for i in range(0, len(messages), self.CHUNK)]
+        if dialect.name == "sqlite" or bool(getattr(dialect, "is_mariadb", False)):
+            statement = insert(t).values(
+                state=State.PENDING.value, attempts_count=0, deliveries_count=0,
+                created_at=db_now_plus(literal(0.0)), next_attempt_at=when,
+                priority=first.priority,
+            ).returning(t.c.id)
+            return [(statement, [{"queue": m.queue, "headers": m.headers, "payload": m.payload}
+                                 for m in chunk], _returned_ids) for chunk in chunks]
+        plans = []
+        for chunk in chunks:
+            rows = [{"queue": m.queue, "headers": m.headers, "payload": m.payload,
+                     "state": State.PENDING.value, "attempts_count": 0, "deliveries_count": 0,
+                     "created_at": db_now_plus(literal(0.0)), "next_attempt_at": when,
+                     "priority": first.priority}
+                    for m in chunk]
+            plans.append((insert(t).values(rows), None, _consecutive_ids(len(chunk))))
+        return plans
 
     @staticmethod
     def settlement_json(settlements: Sequence[Settlement]) -> str:
@@ -224,29 +271,34 @@ class SqlEngine:
         )
 
 
+def _returned_ids(result: CursorResult[Any]) -> list[int]:
+    return sorted(r[0] for r in result)
+
+
+def _consecutive_ids(count: int) -> Callable[[CursorResult[Any]], list[int]]:
+    """MySQL without RETURNING: one multi-row INSERT gets consecutive ids."""
+
+    def read(result: CursorResult[Any]) -> list[int]:
+        first = result.lastrowid
+        return list(range(first, first + count))
+
+    return read
+
+
 def _as_json(value: Any) -> Any:
     if isinstance(value, str | bytes):
         return json.loads(value)
     return value
-
-
-DELIVERY_COLUMNS = (
-    "id", "queue", "headers", "payload", "attempts_count", "deliveries_count", "created_at",
-    "first_attempt_at", "acquired_at", "lease_expires_at", "scheduled_at", "history",
-)
-STATS_COLUMNS = ("queue", "state", "n", "oldest")
-
 
 class ArchiveAndStatsMixin:
     """Statements off the hot path, written once in SQLAlchemy Core for every database."""
 
     db: AsyncEngine
     schema: Schema
+    LOCK_FOR_REQUEUE: bool
 
     async def now(self) -> datetime:
-        from sqlalchemy import literal, select
-
-        from ..sqltime import db_now_plus
+        from sqlalchemy import select
 
         async with self.db.connect() as conn:
             await conn.execution_options(**{READ_ONLY: True})
@@ -272,8 +324,8 @@ class ArchiveAndStatsMixin:
         from sqlalchemy import select
 
         a, m = self.schema.archive, self.schema.message
-        ended = [s.id for s in settlements if s.outcome.archives]
-        back = [s.id for s in settlements if not s.outcome.archives]
+        ended = [s.id for s in settlements if s.outcome in ARCHIVING]
+        back = [s.id for s in settlements if s.outcome not in ARCHIVING]
         async with self.db.connect() as conn:
             await conn.execution_options(**{READ_ONLY: True})
             archived = {r.id: r for r in await conn.execute(
@@ -284,23 +336,22 @@ class ArchiveAndStatsMixin:
                        m.c.history).where(m.c.id.in_(back))
             )} if back else {}
         return {s.id for s in settlements
-                if _shows(s, archived.get(s.id) if s.outcome.archives else queued.get(s.id))}
+                if _shows(s, archived.get(s.id) if s.outcome in ARCHIVING
+                          else queued.get(s.id))}
 
     async def requeue_archived(
         self, *, queue: str | None = None, ids: Sequence[int] | None = None,
-        state: str = "FAILED",
+        state: str = State.FAILED.value,
     ) -> int:
-        from sqlalchemy import delete, insert, literal, select
-
-        from ..sqltime import db_now_plus
+        from sqlalchemy import delete, select
 
         a, m = self.schema.archive, self.schema.message
         where = self._archive_filter(queue, ids, state, None)
         async with self.db.begin() as conn:
             # Lock the archive rows first so a concurrent requeue cannot copy them twice.
-            locked = select(a.c.id).where(*where).with_for_update()
-            if self.db.dialect.name == "sqlite":
-                locked = select(a.c.id).where(*where)  # BEGIN IMMEDIATE already serialises
+            locked = select(a.c.id).where(*where)
+            if self.LOCK_FOR_REQUEUE:
+                locked = locked.with_for_update()
             picked = list((await conn.execute(locked)).scalars())
             if not picked:
                 return 0
@@ -308,15 +359,15 @@ class ArchiveAndStatsMixin:
             for start in range(0, len(picked), 500):
                 chunk = picked[start : start + 500]
                 src = select(
-                    a.c.id, a.c.queue, a.c.headers, a.c.payload, literal("PENDING"),
+                    a.c.id, a.c.queue, a.c.headers, a.c.payload, literal(State.PENDING.value),
                     literal(0), literal(0), a.c.created_at, db_now_plus(literal(0.0)),
-                    a.c.error, a.c.history,
+                    a.c.error, a.c.history, a.c.priority,
                 ).where(a.c.id.in_(chunk))
                 await conn.execute(
                     insert(m).from_select(
                         ["id", "queue", "headers", "payload", "state", "attempts_count",
                          "deliveries_count", "created_at", "next_attempt_at", "last_error",
-                         "history"],
+                         "history", "priority"],
                         src,
                     )
                 )
@@ -360,11 +411,11 @@ class ArchiveAndStatsMixin:
         return [
             QueueStats(
                 queue=q,
-                pending=c.get("PENDING", 0),
-                processing=c.get("PROCESSING", 0),
-                retryable=c.get("RETRYABLE", 0),
-                completed=c.get("COMPLETED", 0),
-                failed=c.get("FAILED", 0),
+                pending=c.get(State.PENDING, 0),
+                processing=c.get(State.PROCESSING, 0),
+                retryable=c.get(State.RETRYABLE, 0),
+                completed=c.get(State.COMPLETED, 0),
+                failed=c.get(State.FAILED, 0),
                 oldest_ready_at=c["oldest"],
             )
             for q, c in sorted(counts.items())
@@ -379,11 +430,11 @@ def _shows(s: Settlement, row: Any) -> bool:
     at that delivery without the ``lease_expired`` entry a recovery would have added."""
     if row is None:
         return False
-    if s.outcome.archives:
+    if s.outcome in ARCHIVING:
         return bool(row.state == s.outcome.value and row.deliveries_count == s.deliveries)
     if s.outcome is Outcome.RETRY:
-        return bool(row.state == "RETRYABLE" and row.deliveries_count == s.deliveries)
-    if row.state != "PENDING" or row.lease_expires_at is not None:
+        return bool(row.state == State.RETRYABLE and row.deliveries_count == s.deliveries)
+    if row.state != State.PENDING or row.lease_expires_at is not None:
         return False
     if s.refund:
         return bool(row.deliveries_count == s.deliveries - 1)
@@ -398,9 +449,10 @@ def _shows(s: Settlement, row: Any) -> bool:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def ready_order(d: Delivery) -> tuple[datetime, int]:
-    """The order acquire hands messages out in: by schedule, then id."""
-    return (d.scheduled_at or _EPOCH, d.id)
+def ready_order(d: Delivery) -> tuple[int, datetime, int]:
+    """The order acquire hands messages out in: highest priority first, then by schedule,
+    then id."""
+    return (-d.priority, d.scheduled_at or _EPOCH, d.id)
 
 
 class RowDecodeError(ValueError):
@@ -503,10 +555,10 @@ def undecodable_delivery(msg_id: int, queue: str, attempts: int, deliveries: int
 
 def leased_delivery(message: NewMessage, msg_id: int, now: datetime,
                     lease_expires_at: datetime) -> Delivery:
-    """The delivery of a message published already acquired (``insert_leased``): the row
+    """The delivery of a message published already acquired (``publish_leased``): the row
     an acquire at ``now`` would have left, its first delivery."""
     return Delivery(msg_id, message.queue, dict(message.headers), message.payload, 0, 1, now,
-                    now, now, lease_expires_at, now, [])
+                    now, now, lease_expires_at, now, [], priority=message.priority)
 
 
 class BatchTimes(dict[Any, datetime]):

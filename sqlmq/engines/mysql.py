@@ -8,27 +8,31 @@ The hot path (acquire, settle) sends each transaction's statements in one packet
 on the driver (asyncmy always allows multi-statements), and reads plain tuples: a round
 trip per statement and SQLAlchemy's per-row result processing were most of a drain's time.
 The locked ids stay on the server in a session variable between the statements, so nothing
-has to come back to the client in between.
+has to come back to the client in between. The statements are in
+:mod:`sqlmq.engines.sql.mysql`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, text
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from ..errors import SchemaError
 from ..records import Delivery, NewMessage, Settlement
 from .base import (
+    ARCHIVING,
+    RETURNING,
     ArchiveAndStatsMixin,
     BatchHeaders,
     BatchTimes,
-    KeptConnections,
     SqlEngine,
     decode_history,
     decode_rows,
@@ -38,69 +42,8 @@ from .base import (
     ready_order,
     undecodable_delivery,
 )
-
-NOW = "UTC_TIMESTAMP(6)"
-
-# The hot path's connections are in autocommit (see KeptConnections): a packet that needs a
-# transaction opens and commits it itself, so that the COMMIT travels with the statements.
-_BEGIN: tuple[str, Sequence[Any]] = ("START TRANSACTION", ())
-_COMMIT: tuple[str, Sequence[Any]] = ("COMMIT", ())
-
-# A single publish: the INSERT commits itself, and the id comes back in the same packet.
-_INSERT_ONE = f"""
-INSERT INTO {{m}} (queue, headers, payload, state, attempts_count, deliveries_count,
-                   created_at, next_attempt_at)
-VALUES (%s, %s, %s, 'PENDING', 0, 0, {NOW}, {NOW} + INTERVAL %s MICROSECOND)
-"""
-_LAST_ID: tuple[str, Sequence[Any]] = ("SELECT LAST_INSERT_ID()", ())
-
-# A single publish handed straight to an idle subscriber of this process: the row is written
-# as an acquire would leave it (see Broker.publish_batch), at one clock reading.
-_INSERT_LEASED = (
-    f"SET @sqlmq_now = {NOW}",
-    """INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
-                   created_at, first_attempt_at, acquired_at, next_attempt_at, lease_expires_at)
-VALUES (%s, %s, %s, 'PROCESSING', 0, 1, @sqlmq_now, @sqlmq_now, @sqlmq_now, NULL,
-        @sqlmq_now + INTERVAL %s MICROSECOND)""",
-    "SELECT LAST_INSERT_ID(), CAST(@sqlmq_now AS DATETIME(6))",
-)
-
-# ---- acquire: one packet, one transaction ---------------------------------------------------
-#
-# 1. lock up to :limit ready rows, reading the ready index only, and keep their ids (and the
-#    clock) in session variables;
-# 2. return those rows as they are now;
-# 3. mark them PROCESSING.
-# The driver formats the parameters (%s); the queue list becomes one %s per queue.
-
-_TAKEN = "JSON_TABLE(@sqlmq_take, '$[*]' COLUMNS (id BIGINT PATH '$')) AS t"
-
-_LOCK_READY = f"""
-SELECT JSON_ARRAYAGG(id), {NOW} INTO @sqlmq_take, @sqlmq_now FROM (
-    SELECT id FROM {{m}}
-    WHERE queue IN ({{queues}}) AND next_attempt_at <= {NOW}
-    ORDER BY next_attempt_at, id
-    LIMIT %s
-    FOR UPDATE SKIP LOCKED
-) AS r
-"""
-
-_READ_TAKEN = f"""
-SELECT m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
-       m.created_at, m.first_attempt_at, m.next_attempt_at, m.history,
-       CAST(@sqlmq_now AS DATETIME(6))
-FROM {_TAKEN} STRAIGHT_JOIN {{m}} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
-"""
-
-_TAKE = f"""
-UPDATE {_TAKEN} STRAIGHT_JOIN {{m}} AS m FORCE INDEX (PRIMARY) ON m.id = t.id SET
-    m.state = 'PROCESSING',
-    m.deliveries_count = m.deliveries_count + 1,
-    m.acquired_at = CAST(@sqlmq_now AS DATETIME(6)),
-    m.first_attempt_at = COALESCE(m.first_attempt_at, CAST(@sqlmq_now AS DATETIME(6))),
-    m.next_attempt_at = NULL,
-    m.lease_expires_at = CAST(@sqlmq_now AS DATETIME(6)) + INTERVAL %s MICROSECOND
-"""
+from .sql import mysql as sql
+from .sql import render
 
 #: JSON_ARRAYAGG is cut at ``group_concat_max_len`` bytes on MariaDB (and its results were
 #: cut at 64 KiB by MDEV-37835); an id takes at most 21 (19 digits, a comma and a space), so
@@ -109,15 +52,11 @@ _ID_LIST = 65_535
 _ID_BYTES = 21
 
 
-def lease_statements(names: dict[str, str]) -> tuple[str, str, str]:
-    """The acquire, for a caller that must acquire inside its own transaction and record
-    what it took in that same transaction (the Spark stream's leases: a crash must not
-    leave messages acquired and recorded nowhere). Statement one locks up to ``%s`` ready
-    rows of the queues ``%s`` into ``@sqlmq_take`` (parameters: the queue, then the limit),
-    statement two marks them PROCESSING for ``%s`` microseconds; the third item is a
-    ``FROM`` clause joining the taken ids to the message table, aliased ``m``."""
-    return (_LOCK_READY.format(**names, queues="%s"), _TAKE.format(**names),
-            f"{_TAKEN} STRAIGHT_JOIN {names['m']} AS m FORCE INDEX (PRIMARY) ON m.id = t.id")
+
+def placeholders(count: int) -> str:
+    """``%s, %s, …``: one driver parameter per queue, for ACQUIRE_PROBE's and ACQUIRE_LOCK's
+    ``{queues}``."""
+    return ", ".join(["%s"] * count)
 
 
 def take_limit(group_concat_max_len: int | None) -> int:
@@ -127,156 +66,84 @@ def take_limit(group_concat_max_len: int | None) -> int:
     return max(1, limit // _ID_BYTES)
 
 
-def archive_statements(names: dict[str, str]) -> tuple[str, ...]:
-    """The settle of archiving outcomes (COMPLETED, FAILED), for a caller that must settle
-    inside its own transaction (the Spark stream, which drops its lease rows and records
-    the acknowledged sequence in the same one): set the batch (one ``%s``, see
-    ``SqlEngine.settlement_json``), lock its rows (the ids that will land), archive, delete,
-    clear the batch."""
-    return tuple(q.format(**names) for q in (_SET_INPUT, _LOCK, _ARCHIVE, _DELETE,
-                                              _CLEAR_INPUT))
+class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
+    """The contract on MySQL 8 and MariaDB."""
 
+    hands_over = True
 
-# ---- settle: one packet, one transaction ----------------------------------------------------
-#
-# The batch is one JSON value (see SqlEngine.settlement_json), put in a session variable once
-# and opened by each statement. Its rows are locked first, so that archiving, deleting and
-# updating see the same rows; the ids locked are what the caller gets back.
-
-_SET_INPUT = "SET @sqlmq_settle = %s"
-_CLEAR_INPUT = "SET @sqlmq_settle = NULL"
-
-_INPUT = """JSON_TABLE(@sqlmq_settle, '$[*]' COLUMNS (
-    id BIGINT PATH '$[0]', deliveries INT PATH '$[1]', outcome VARCHAR(10) PATH '$[2]',
-    error LONGTEXT PATH '$[3]', delay DOUBLE PATH '$[4]', refund INT PATH '$[5]',
-    attempt INT PATH '$[6]', history LONGTEXT PATH '$[7]'
-)) AS i"""
-
-# The batch drives every join, by primary key (STRAIGHT_JOIN, FORCE INDEX): on a small table
-# the optimizer would rather scan it, locking rows that are not in the batch and deadlocking
-# with acquire.
-_JOIN = (_INPUT + " STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY)"
-         " ON m.id = i.id AND m.deliveries_count = i.deliveries")
-
-_LOCK = f"SELECT m.id FROM {_JOIN} WHERE m.state = 'PROCESSING' FOR UPDATE"
-
-_ENDED = "m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')"
-
-_ARCHIVE = f"""
-INSERT INTO {{a}} (id, queue, headers, payload, state, attempts_count, deliveries_count,
-                   created_at, first_attempt_at, last_attempt_at, archived_at, error, history)
-SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.attempt,
-       m.deliveries_count, m.created_at, m.first_attempt_at,
-       CASE WHEN i.attempt = 1 THEN {NOW} ELSE m.last_attempt_at END, {NOW}, i.error,
-       COALESCE(i.history, m.history)
-FROM {_JOIN}
-WHERE {_ENDED}
-"""
-
-_DELETE = f"DELETE m FROM {_JOIN} WHERE {_ENDED}"
-
-_UPDATE = f"""
-UPDATE {_JOIN} SET
-    m.state = CASE WHEN i.outcome = 'RETRY' THEN 'RETRYABLE' ELSE 'PENDING' END,
-    m.attempts_count = m.attempts_count + i.attempt,
-    m.first_attempt_at = CASE WHEN m.deliveries_count = i.refund THEN NULL
-                              ELSE m.first_attempt_at END,
-    m.acquired_at = CASE WHEN m.deliveries_count = i.refund THEN NULL ELSE m.acquired_at END,
-    m.deliveries_count = m.deliveries_count - i.refund,
-    m.last_attempt_at = CASE WHEN i.attempt = 1 THEN {NOW} ELSE m.last_attempt_at END,
-    m.next_attempt_at = {NOW} + INTERVAL CAST(i.delay * 1000000 AS SIGNED) MICROSECOND,
-    m.lease_expires_at = NULL,
-    m.last_error = COALESCE(i.error, m.last_error),
-    m.history = COALESCE(i.history, m.history)
-WHERE m.state = 'PROCESSING' AND i.outcome IN ('RETRY', 'RELEASE')
-"""
-
-_EXTEND_LOCK = """
-SELECT m.id FROM JSON_TABLE(:leases, '$[*]' COLUMNS (
-    id BIGINT PATH '$[0]', deliveries INT PATH '$[1]')) AS i
-  STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = i.id AND m.deliveries_count = i.deliveries
-WHERE m.state = 'PROCESSING' FOR UPDATE
-"""
-
-_EXTEND = f"""
-UPDATE {{m}} SET lease_expires_at = {NOW} + INTERVAL :us MICROSECOND WHERE id IN :ids
-"""
-
-_EXPIRED = f"""
-SELECT id FROM {{m}} WHERE lease_expires_at < {NOW} AND state = 'PROCESSING'
-ORDER BY lease_expires_at LIMIT :limit FOR UPDATE SKIP LOCKED
-"""
-
-_APPENDED = f"""JSON_ARRAY_APPEND(COALESCE(history, '[]'), '$', JSON_OBJECT(
-    'delivery', deliveries_count, 'ended', 'lease_expired',
-    'at', DATE_FORMAT({NOW}, '%Y-%m-%dT%H:%i:%s.%f+00:00')))"""
-
-_RECOVER = f"""
-UPDATE {{m}} SET
-    state = 'PENDING',
-    next_attempt_at = {NOW} + INTERVAL CAST(RAND() * :spread * 1000000 AS SIGNED) MICROSECOND,
-    lease_expires_at = NULL,
-    last_error = 'lease expired',
-    history = CASE WHEN JSON_LENGTH({_APPENDED}) > 10
-                   THEN JSON_REMOVE({_APPENDED}, '$[0]') ELSE {_APPENDED} END
-WHERE id IN :ids
-"""
-
-
-class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
-    dialect = "mysql"
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        ids = bindparam("ids", expanding=True)
-        self._extend = self.sql(_EXTEND).bindparams(ids)
-        self._recover = self.sql(_RECOVER).bindparams(ids)
         names = self.names
-        self._take_packet = [
-            s.format(**names, queues="{queues}") for s in (_LOCK_READY, _READ_TAKEN, _TAKE)
-        ]
-        self._settle_sql = {
-            name: statement.format(**names)
-            for name, statement in (
-                ("set", _SET_INPUT), ("lock", _LOCK), ("archive", _ARCHIVE),
-                ("delete", _DELETE), ("update", _UPDATE), ("clear", _CLEAR_INPUT),
-            )
-        }
-        self._insert_one_sql = _INSERT_ONE.format(**names)
-        self._insert_leased_sql = tuple(q.format(**names) for q in _INSERT_LEASED)
+        ids = bindparam("ids", expanding=True)
+        self._extend_lock = text(render(sql.EXTEND_LOCK, names))
+        self._extend = text(render(sql.EXTEND, names)).bindparams(ids)
+        self._expired = text(render(sql.RECOVER_EXPIRED_LOCK, names))
+        self._recover = text(render(sql.RECOVER_EXPIRED, names)).bindparams(ids)
+        # ACQUIRE_PROBE and ACQUIRE_LOCK by number of queues
+        self._lock_ready: dict[int, tuple[str, str]] = {}
+        self._read_taken = render(sql.ACQUIRE_READ, names)
+        self._take = render(sql.ACQUIRE_TAKE, names)
+        self._settle_input = render(sql.SETTLE_INPUT, names)
+        self._settle_lock = render(sql.SETTLE_LOCK, names)
+        self._settle_archive = render(sql.SETTLE_ARCHIVE, names)
+        self._settle_delete = render(sql.SETTLE_DELETE, names)
+        self._settle_update = render(sql.SETTLE_UPDATE, names)
+        self._insert_one_sql = render(sql.INSERT_ONE, names)
+        self._insert_leased_sql = render(sql.INSERT_LEASED, names)
         self._max_batch: int | None = None
         # asyncmy always allows several statements per packet; another driver (aiomysql, on
         # an engine the caller built) gets them one at a time, in the same transaction.
-        self._multi = self.db.dialect.driver == "asyncmy"
+        self._multi = self.url.get_driver_name() == "asyncmy"
+
+    def _acquire_lock(self, queues: int) -> tuple[str, str]:
+        """ACQUIRE_PROBE and ACQUIRE_LOCK for this many queues (rendered once per count)."""
+        statements = self._lock_ready.get(queues)
+        if statements is None:
+            names = {**self.names, "queues": placeholders(queues)}
+            statements = self._lock_ready[queues] = (
+                render(sql.ACQUIRE_PROBE, names), render(sql.ACQUIRE_LOCK, names))
+        return statements
 
     async def _id_list_limit(self, conn: AsyncConnection) -> int:
         """The most ids one acquire may gather in its session variable (see _ID_LIST)."""
-        limit = _ID_LIST
+        concat = None
         if getattr(self.db.dialect, "is_mariadb", False):
-            (rows,) = await _run(conn, [("SELECT @@group_concat_max_len", [])], False)
-            limit = min(limit, int(rows[0][0]))
-        return max(1, limit // _ID_BYTES)
+            (rows,) = await _run(conn, [(sql.GROUP_CONCAT_MAX_LEN, [])], False)
+            concat = int(rows[0][0])
+        return take_limit(concat)
 
-    async def insert_one(self, message: NewMessage) -> int:
-        """Publish one message (``at`` unset) on a kept connection: one round trip, the
-        INSERT committing itself, where the general path's pool checkout, INSERT and COMMIT
-        take three."""
-        delay = round(message.delay * 1_000_000)
-        args = [message.queue, json.dumps(message.headers), message.payload, delay]
-        ((row,),) = await self._packet([(self._insert_one_sql, args), _LAST_ID], keep=[1])
-        return int(row[0])
+    # ---- publishing ----------------------------------------------------------------------
 
-    async def insert_leased(self, message: NewMessage, lease: float) -> Delivery:
+    async def publish(self, messages: Sequence[NewMessage],
+                      executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
+        """One message due after a delay, on sqlmq's own connection: INSERT_ONE on a kept
+        connection, one round trip, the INSERT committing itself (the general path's pool
+        checkout, INSERT and COMMIT take three). Anything else through SQLAlchemy Core (see
+        ``SqlEngine._insert_plans``)."""
+        if executor is None and len(messages) == 1 and messages[0].at is None:
+            message = messages[0]
+            delay = round(message.delay * 1_000_000)
+            args = [message.queue, json.dumps(message.headers), message.payload, delay,
+                    message.priority]
+            ((row,),) = await self._packet([(self._insert_one_sql, args), (sql.LAST_ID, ())],
+                                           keep=[1])
+            return [int(row[0])]
+        return await self._publish_core(messages, executor)
+
+    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
         """Publish one message already acquired, for a subscriber of this process."""
         us = round(lease * 1_000_000)
-        clock, insert, read = self._insert_leased_sql
         ((row,),) = await self._packet([
-            (clock, ()),
-            (insert, [message.queue, json.dumps(message.headers), message.payload, us]),
-            (read, ()),
+            (sql.INSERT_LEASED_CLOCK, ()),
+            (self._insert_leased_sql,
+             [message.queue, json.dumps(message.headers), message.payload, us,
+              message.priority]),
+            (sql.INSERT_LEASED_READ, ()),
         ], keep=[2])
         now = _utc(row[1])
         return leased_delivery(message, int(row[0]), now, now + timedelta(microseconds=us))
+
+    # ---- consuming -----------------------------------------------------------------------
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         if self._max_batch is None:
@@ -287,15 +154,15 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                 await discard(conn)
                 raise
             await self._checkin(conn)
-        lock, read, take = self._take_packet
-        marks = ", ".join(["%s"] * len(queues))
+        probe, lock = self._acquire_lock(len(queues))
         (rows,) = await self._packet([
-            _BEGIN,
-            (lock.replace("{queues}", marks), [*queues, min(limit, self._max_batch)]),
-            (read, []),
-            (take, [round(lease * 1_000_000)]),
-            _COMMIT,
-        ], keep=[2])
+            (sql.BEGIN, ()),
+            (probe, queues),
+            (lock, [*queues, min(limit, self._max_batch)]),
+            (self._read_taken, ()),
+            (self._take, [round(lease * 1_000_000)]),
+            (sql.COMMIT, ()),
+        ], keep=[3])
         if not rows:
             return []
         now = _utc(rows[0][10])
@@ -316,6 +183,7 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                 lease_expires_at=lease_expires_at,
                 scheduled_at=utc(r[8]),
                 history=decode_history(r[9]),
+                priority=r[11],
             )
 
         out = decode_rows(rows, decode, _undecodable)
@@ -325,19 +193,19 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
             return set()
-        sql = self._settle_sql
         # The batch drives the locking join in its own order: by id, as extend's, so that a
         # flush and a lease renewal of the same rows cannot deadlock.
         batch = sorted(settlements, key=_settlement_id)
         packet: list[tuple[str, Sequence[Any]]] = [
-            _BEGIN, (sql["set"], [self.settlement_json(batch)]), (sql["lock"], []),
+            (sql.BEGIN, ()), (self._settle_input, [self.settlement_json(batch)]),
+            (self._settle_lock, ()),
         ]
-        outcomes = {s.outcome.value for s in settlements}
-        if outcomes & {"COMPLETED", "FAILED"}:
-            packet += [(sql["archive"], []), (sql["delete"], [])]
-        if outcomes & {"RETRY", "RELEASE"}:
-            packet.append((sql["update"], []))
-        packet += [(sql["clear"], []), _COMMIT]
+        outcomes = {s.outcome for s in settlements}
+        if outcomes & ARCHIVING:
+            packet += [(self._settle_archive, ()), (self._settle_delete, ())]
+        if outcomes & RETURNING:
+            packet.append((self._settle_update, ()))
+        packet += [(sql.SETTLE_CLEAR, ()), (sql.COMMIT, ())]
         (locked,) = await self._packet(packet, keep=[2])
         return {r[0] for r in locked}
 
@@ -362,7 +230,7 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         async with self.db.begin() as conn:
             held = (
                 await conn.execute(
-                    self.sql(_EXTEND_LOCK),
+                    self._extend_lock,
                     {"leases": json.dumps([list(x) for x in sorted(leases)])},  # as settle
                 )
             ).scalars().all()
@@ -372,16 +240,18 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                 )
             return set(held)
 
+    # ---- maintenance ---------------------------------------------------------------------
+
     async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
         async with self.db.connect() as conn:
             # One recoverer at a time; GET_LOCK belongs to the session, not the transaction,
             # so it is released by hand (or by the server when the connection dies).
             key = {"key": self.recovery_lock}
-            if (await conn.execute(text("SELECT GET_LOCK(:key, 0)"), key)).scalar() != 1:
+            if (await conn.execute(text(sql.RECOVERY_LOCK), key)).scalar() != 1:
                 await conn.rollback()
                 return []
             try:
-                ids = (await conn.execute(self.sql(_EXPIRED), {"limit": limit})).scalars().all()
+                ids = (await conn.execute(self._expired, {"limit": limit})).scalars().all()
                 if ids:
                     await conn.execute(self._recover, {"ids": list(ids), "spread": spread})
                 await conn.commit()
@@ -391,13 +261,19 @@ class MysqlEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                 raise
             finally:
                 try:
-                    await conn.execute(text("SELECT RELEASE_LOCK(:key)"), key)
+                    await conn.execute(text(sql.RECOVERY_UNLOCK), key)
                     await conn.commit()
                 except Exception:
                     # Never return a connection that may still hold the lock to the pool.
                     await conn.invalidate()
                     raise
             return list(ids)
+
+    def _migration_lock(self, conn: Connection) -> Callable[[], None]:
+        key = {"key": f"sqlmq:{self.schema.prefix}"}
+        if conn.execute(text(sql.MIGRATION_LOCK), key).scalar() != 1:
+            raise SchemaError("timed out waiting for another sqlmq migration to finish")
+        return lambda: conn.execute(text(sql.MIGRATION_UNLOCK), key)  # type: ignore[return-value]
 
 
 async def _run(
@@ -442,12 +318,6 @@ def _utc(value: datetime) -> datetime:
 
 def _undecodable(r: Any, exc: BaseException) -> Delivery:
     return undecodable_delivery(r[0], r[1], r[4], r[5] + 1, exc)
-
-
-def _loads(value: object) -> object:
-    if isinstance(value, str | bytes):
-        return json.loads(value)
-    return value
 
 
 def _settlement_id(s: Settlement) -> int:

@@ -1,6 +1,6 @@
 """How asyncpg says a connection is gone, for the PostgreSQL engine and the LISTEN
-connection (:mod:`sqlmq.notify`): a killed backend is an ordinary disconnection, and asyncpg
-reports it in several ways, some raised before anything was sent."""
+connection (:mod:`sqlmq.engines.pg_notify`): a killed backend is an ordinary disconnection,
+and asyncpg reports it in several ways, some raised before anything was sent."""
 
 from __future__ import annotations
 

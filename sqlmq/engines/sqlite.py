@@ -4,8 +4,9 @@ acquire and settle across processes sharing one file, which is what SKIP LOCKED 
 server databases; WAL keeps readers going meanwhile.
 
 Since one transaction at a time writes, the time a transaction takes is the throughput: the
-hot path (acquire, settle) runs its statements straight on aiosqlite, one trip to the
-driver's thread each, and turns plain tuples into records after the commit.
+hot path (acquire, settle, a single publish) runs its statements straight on aiosqlite, one
+trip to the driver's thread each, and turns plain tuples into records after the commit. The
+statements are in :mod:`sqlmq.engines.sql.sqlite`.
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..connect import write_turn
 from ..records import Delivery, NewMessage, Settlement
-from ..sqltime import SQLITE_NOW, sqlite_now_plus
 from .base import (
+    ARCHIVING,
+    RETURNING,
     ArchiveAndStatsMixin,
     BatchHeaders,
     BatchTimes,
-    KeptConnections,
     SqlEngine,
     blob,
     decode_history,
@@ -38,167 +40,36 @@ from .base import (
     ready_order,
     undecodable_delivery,
 )
-
-NOW = SQLITE_NOW
-
-_READY = f"""
-SELECT id, next_attempt_at AS scheduled_at FROM {{m}}
-WHERE queue IN (SELECT value FROM json_each(:queues)) AND next_attempt_at <= {NOW}
-ORDER BY next_attempt_at, id
-LIMIT :limit
-"""
-
-_TAKE = f"""
-UPDATE {{m}} SET
-    state = 'PROCESSING',
-    deliveries_count = deliveries_count + 1,
-    acquired_at = {NOW},
-    first_attempt_at = COALESCE(first_attempt_at, {NOW}),
-    next_attempt_at = NULL,
-    lease_expires_at = {sqlite_now_plus(':lease')}
-WHERE id IN (SELECT value FROM json_each(:ids))
-RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created_at,
-    first_attempt_at, acquired_at, lease_expires_at, NULL AS scheduled_at, history
-"""
-
-_ONE_QUEUE = "queue = :queue"
-_QUEUE_LIST = "queue IN (SELECT value FROM json_each(:queues))"
+from .sql import render
+from .sql import sqlite as sql
 
 
-def lease_statements(names: dict[str, str]) -> tuple[str, str]:
-    """The acquire, for a caller that must acquire inside its own transaction and record
-    what it took in that same transaction (the Spark stream's leases: a crash must not
-    leave messages acquired and recorded nowhere): the ids of up to ``:limit`` ready rows
-    of queue ``:queue``, then the statement that marks ids ``:ids`` (a JSON array)
-    PROCESSING for ``:lease`` seconds and returns the acquire's columns."""
-    return _READY.replace(_QUEUE_LIST, _ONE_QUEUE).format(**names), _TAKE.format(**names)
+class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
+    """The contract on SQLite."""
 
-
-def archive_statements(names: dict[str, str]) -> tuple[str, str]:
-    """The settle of archiving outcomes (COMPLETED, FAILED), for a caller that must settle
-    inside its own transaction (the Spark stream, which drops its lease rows and records
-    the acknowledged sequence in the same one): archive the batch ``:input`` (see
-    ``SqlEngine.settlement_json``), then delete it, returning the ids that landed."""
-    return _ARCHIVE.format(**names), _DELETE.format(**names)
-
-# The input batch, one JSON array per settlement (see SqlEngine.settlement_json).
-_INPUT = """
-WITH i AS (
-    SELECT value->>0 AS id, value->>1 AS deliveries, value->>2 AS outcome, value->>3 AS error,
-           value->>4 AS delay, value->>5 AS refund, value->>6 AS attempt, value->>7 AS history
-    FROM json_each(:input)
-)
-"""
-
-_ARCHIVE = _INPUT + f"""
-INSERT INTO {{a}} (id, queue, headers, payload, state, attempts_count, deliveries_count,
-                   created_at, first_attempt_at, last_attempt_at, archived_at, error, history)
-SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.attempt,
-       m.deliveries_count, m.created_at, m.first_attempt_at,
-       CASE WHEN i.attempt = 1 THEN {NOW} ELSE m.last_attempt_at END, {NOW}, i.error,
-       COALESCE(i.history, m.history)
-FROM i JOIN {{m}} AS m ON m.id = i.id AND m.deliveries_count = i.deliveries
-WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
-"""
-
-# BEGIN IMMEDIATE holds every other writer off, so this deletes exactly the rows just archived.
-_DELETE = _INPUT + """
-DELETE FROM {m} WHERE id IN (
-    SELECT m.id FROM i JOIN {m} AS m ON m.id = i.id AND m.deliveries_count = i.deliveries
-    WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
-)
-RETURNING id
-"""
-
-_UPDATE = _INPUT + f"""
-UPDATE {{m}} AS m SET
-    state = CASE WHEN i.outcome = 'RETRY' THEN 'RETRYABLE' ELSE 'PENDING' END,
-    attempts_count = m.attempts_count + i.attempt,
-    first_attempt_at = CASE WHEN m.deliveries_count = i.refund THEN NULL
-                            ELSE m.first_attempt_at END,
-    acquired_at = CASE WHEN m.deliveries_count = i.refund THEN NULL ELSE m.acquired_at END,
-    deliveries_count = m.deliveries_count - i.refund,
-    last_attempt_at = CASE WHEN i.attempt = 1 THEN {NOW} ELSE m.last_attempt_at END,
-    next_attempt_at = {sqlite_now_plus('i.delay')},
-    lease_expires_at = NULL,
-    last_error = COALESCE(i.error, m.last_error),
-    history = COALESCE(i.history, m.history)
-FROM i
-WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
-  AND i.outcome IN ('RETRY', 'RELEASE')
-RETURNING id
-"""
-
-# RETURNING may name only the updated table's columns, and not through its alias.
-# One message published on sqlmq's own engine: the commonest publish, and in one process the
-# first half of publish-to-handler latency. Same row as the general INSERT in publishing.py.
-_INSERT_ONE = f"""
-INSERT INTO {{m}} (queue, headers, payload, state, attempts_count, deliveries_count,
-                   created_at, next_attempt_at)
-VALUES (:queue, :headers, :payload, 'PENDING', 0, 0, {NOW}, {sqlite_now_plus(':delay')})
-RETURNING id
-"""
-
-# A single publish handed straight to an idle subscriber of this process: the row is written
-# as an acquire would leave it (see Broker.publish_batch).
-_INSERT_LEASED = f"""
-INSERT INTO {{m}} (queue, headers, payload, state, attempts_count, deliveries_count,
-                   created_at, first_attempt_at, acquired_at, next_attempt_at, lease_expires_at)
-VALUES (:queue, :headers, :payload, 'PROCESSING', 0, 1, {NOW}, {NOW}, {NOW}, NULL,
-        {sqlite_now_plus(':lease')})
-RETURNING id, created_at, lease_expires_at
-"""
-
-_EXTEND = f"""
-UPDATE {{m}} AS m SET lease_expires_at = {sqlite_now_plus(':seconds')}
-FROM (SELECT value->>0 AS id, value->>1 AS deliveries FROM json_each(:leases)) AS i
-WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
-RETURNING id
-"""
-
-_APPENDED = """json_insert(COALESCE(history, '[]'), '$[#]', json_object(
-    'delivery', deliveries_count, 'ended', 'lease_expired',
-    'at', strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')))"""
-
-_RECOVER = f"""
-UPDATE {{m}} SET
-    state = 'PENDING',
-    next_attempt_at = {sqlite_now_plus('(abs(random()) % 1000000) / 1000000.0 * :spread')},
-    lease_expires_at = NULL,
-    last_error = 'lease expired',
-    history = CASE WHEN json_array_length({_APPENDED}) > 10
-                   THEN json_remove({_APPENDED}, '$[0]') ELSE {_APPENDED} END
-WHERE id IN (
-    SELECT id FROM {{m}}
-    WHERE lease_expires_at < {NOW} AND state = 'PROCESSING'
-    ORDER BY lease_expires_at
-    LIMIT :limit
-)
-RETURNING id
-"""
-
-
-class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
-    dialect = "sqlite"
     AUTOCOMMIT = False  # the driver's connections already are: no BEGIN unless sent
+    LOCK_FOR_REQUEUE = False  # BEGIN IMMEDIATE already serialises
+    hands_over = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         names = self.names
-        one_queue = _READY.replace(_QUEUE_LIST, _ONE_QUEUE)
-        self._ready_sql = (_READY.format(**names), one_queue.format(**names))
-        self._take_sql = _TAKE.format(**names)
-        self._archive_sql = _ARCHIVE.format(**names)
-        self._delete_sql = _DELETE.format(**names)
-        self._update_sql = _UPDATE.format(**names)
-        self._insert_one_sql = _INSERT_ONE.format(**names)
-        self._insert_leased_sql = _INSERT_LEASED.format(**names)
+        self._ready_sql = (render(sql.ACQUIRE_READY_QUEUES, names),
+                           render(sql.ACQUIRE_READY, names))
+        self._take_sql = render(sql.ACQUIRE_TAKE, names)
+        self._archive_sql = render(sql.SETTLE_ARCHIVE, names)
+        self._delete_sql = render(sql.SETTLE_DELETE, names)
+        self._update_sql = render(sql.SETTLE_UPDATE, names)
+        self._insert_one_sql = render(sql.INSERT_ONE, names)
+        self._insert_leased_sql = render(sql.INSERT_LEASED, names)
+        self._extend = text(render(sql.EXTEND, names))
+        self._recover = text(render(sql.RECOVER_EXPIRED, names))
         self._commits: CommitWatch | None = None
 
     def commit_counter(self) -> Callable[[], int | None] | None:
         """SQLite's ``data_version`` of the database file (see :class:`CommitWatch`); None
         for an in-memory or URI-named database, which other processes cannot share."""
-        path = self.db.url.database
+        path = self.url.database
         if not path or path == ":memory:" or path.startswith("file:"):
             return None
         if self._commits is None:
@@ -211,10 +82,19 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
             self._commits.close()
             self._commits = None
 
-    async def insert_one(self, message: NewMessage) -> int:
+    async def publish(self, messages: Sequence[NewMessage],
+                      executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
+        """One message due after a delay, on sqlmq's own connection: INSERT_ONE, straight on
+        aiosqlite. Anything else through SQLAlchemy Core (see ``SqlEngine._insert_plans``)."""
+        if executor is None and len(messages) == 1 and messages[0].at is None:
+            return [await self._insert_one(messages[0])]
+        return await self._publish_core(messages, executor)
+
+    async def _insert_one(self, message: NewMessage) -> int:
         """Publish one message (``at`` unset) in its own transaction, straight on aiosqlite."""
         params = {"queue": message.queue, "headers": json.dumps(message.headers),
-                  "payload": message.payload, "delay": message.delay}
+                  "payload": message.payload, "delay": message.delay,
+                  "priority": message.priority}
         ((msg_id,),) = await self._alone(self._insert_one_sql, params)
         return int(msg_id)
 
@@ -232,10 +112,10 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         await self._checkin(conn)
         return rows
 
-    async def insert_leased(self, message: NewMessage, lease: float) -> Delivery:
+    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
         """Publish one message already acquired, for a subscriber of this process."""
         params = {"queue": message.queue, "headers": json.dumps(message.headers),
-                  "payload": message.payload, "lease": lease}
+                  "payload": message.payload, "lease": lease, "priority": message.priority}
         ((msg_id, created_at, lease_expires_at),) = await self._alone(
             self._insert_leased_sql, params)
         return leased_delivery(message, int(msg_id), _stored_time(created_at),
@@ -272,6 +152,7 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
                 lease_expires_at=utc(r[9]),
                 scheduled_at=utc(scheduled[r[0]]),
                 history=decode_history(r[11]),
+                priority=r[12],
             )
 
         out = decode_rows(rows, decode, _undecodable)
@@ -282,13 +163,13 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
         if not settlements:
             return set()
         params = {"input": self.settlement_json(settlements)}
-        outcomes = {s.outcome.value for s in settlements}
+        outcomes = {s.outcome for s in settlements}
         applied: set[int] = set()
         async with self.db.begin() as conn:
-            if outcomes & {"COMPLETED", "FAILED"}:
+            if outcomes & ARCHIVING:
                 await _fetch(conn, self._archive_sql, params)
                 applied.update(r[0] for r in await _fetch(conn, self._delete_sql, params))
-            if outcomes & {"RETRY", "RELEASE"}:
+            if outcomes & RETURNING:
                 applied.update(r[0] for r in await _fetch(conn, self._update_sql, params))
         return applied
 
@@ -297,7 +178,7 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
             return set()
         async with self.db.begin() as conn:
             result = await conn.execute(
-                self.sql(_EXTEND),
+                self._extend,
                 {"leases": json.dumps([list(x) for x in leases]), "seconds": seconds},
             )
             return {r[0] for r in result}
@@ -305,7 +186,7 @@ class SqliteEngine(KeptConnections, ArchiveAndStatsMixin, SqlEngine):
     async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
         # BEGIN IMMEDIATE already makes recoverers take turns; no lock of our own needed.
         async with self.db.begin() as conn:
-            result = await conn.execute(self.sql(_RECOVER), {"limit": limit, "spread": spread})
+            result = await conn.execute(self._recover, {"limit": limit, "spread": spread})
             return [r[0] for r in result]
 
 
@@ -329,7 +210,7 @@ class CommitWatch:
             if self._conn is None:
                 self._conn = sqlite3.connect(self._path, timeout=0, isolation_level=None,
                                              check_same_thread=False)
-            return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+            return int(self._conn.execute(sql.DATA_VERSION).fetchone()[0])
         except sqlite3.Error:
             self.close()
             return None

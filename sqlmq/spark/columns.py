@@ -7,10 +7,8 @@ times faster per row, which is most of a micro-batch's cost.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-
-from sqlalchemy import BigInteger, cast, func
 
 from ..codec import CONTENT_TYPE, JSON_TYPE
 
@@ -34,12 +32,12 @@ def ddl(columns: Sequence[tuple[str, str]]) -> str:
     return ", ".join(f"{name} {kind}" for name, kind in columns)
 
 
-def db_columns(table: Any, columns: Sequence[tuple[str, str]], dialect: str = "") -> list[Any]:
-    """The SELECT list for ``columns`` (``body`` is derived from payload, not selected).
-
-    On PostgreSQL timestamps are selected as integer microseconds since the epoch: Arrow
-    takes those as they are, where datetimes cost a Python object and a conversion per
-    value (see :func:`record_batch`)."""
+def db_columns(table: Any, columns: Sequence[tuple[str, str]],
+               timestamp: Callable[[Any], Any] | None = None) -> list[Any]:
+    """What to select for ``columns`` (``body`` is worked out of the payload, not selected),
+    with timestamps as the database's Spark ledger selects them (``timestamp``): on
+    PostgreSQL, integer microseconds since the epoch, which Arrow takes as they are, where
+    datetimes cost a Python object and a conversion per value (see :func:`record_batch`)."""
     out = []
     for name, kind in columns:
         if name == "body":
@@ -48,15 +46,10 @@ def db_columns(table: Any, columns: Sequence[tuple[str, str]], dialect: str = ""
             col = table.c.error if "error" in table.c else table.c.last_error
         else:
             col = table.c[DB_NAMES.get(name, name)]
-        if kind == "timestamp" and dialect == "postgresql":
-            col = cast(func.extract("epoch", col) * 1_000_000, BigInteger)
+        if kind == "timestamp" and timestamp is not None:
+            col = timestamp(col)
         out.append(col.label(name))
     return out
-
-
-def epoch_us(column: str) -> str:
-    """PostgreSQL SQL for a timestamp column as integer microseconds since the epoch."""
-    return f"CAST(EXTRACT(EPOCH FROM {column}) * 1000000 AS BIGINT)"
 
 
 def body_of(payload: bytes, headers: dict[str, str]) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any
 # Absolute imports: spark-submit runs this file as a script.
 from sqlmq.connect import safe_url
 from sqlmq.errors import SqlmqError
+from sqlmq.lifecycle import State
 from sqlmq.schema import DEFAULT_PREFIX
 
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -126,7 +127,7 @@ def analyse(spark: Any, url: str, prefix: str, bucket: str, since: datetime | No
         first, last = df.agg(F.min("archived_at"), F.max("archived_at")).first()
         bucket = auto_bucket((last - first).total_seconds())
 
-    failed = F.col("state") == "FAILED"
+    failed = F.col("state") == State.FAILED.value
     summary = df.groupBy("queue").agg(
         F.count(F.lit(1)).alias("messages"),
         F.sum((~failed).cast("long")).alias("completed"),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from sqlalchemy import delete, insert, literal, select
 from ..broker import DEFAULT_MAX_PAYLOAD
 from ..codec import BYTES_TYPE, CONTENT_TYPE, TEXT_TYPE
 from ..errors import ConfigurationError, PayloadTooLarge, PublishError
+from ..schema import MAX_PRIORITY, MIN_PRIORITY
 from ..sqltime import db_now_plus
 from ..subscriber import check_queue
 from .options import Database, Options, queue_option
@@ -55,7 +55,9 @@ _COLUMNS = {
     "headers": "map<string,string>",
     "delay": "a number of seconds",
     "key": "string",
+    "priority": "an integer",
 }
+_INTEGERS = (ByteType, ShortType, IntegerType, LongType)
 #: Staged rows older than this belong to jobs that died without an abort; any commit drops them.
 STAGING_TTL = 24 * 3600.0
 
@@ -93,6 +95,7 @@ def sink_options(opts: Options, schema: StructType, overwrite: bool,
             "queue": isinstance(t, StringType),
             "key": isinstance(t, StringType),
             "delay": isinstance(t, _NUMBERS),
+            "priority": isinstance(t, _INTEGERS),
             "headers": isinstance(t, MapType) and isinstance(t.keyType, StringType)
             and isinstance(t.valueType, StringType),
         }[f.name]
@@ -150,7 +153,8 @@ def stage(o: SinkOptions, token: str, batches: Iterator[Any]) -> Staged:
     total = 0
     for batch in batches:
         rows = _messages(o, batch)
-        _insert_staged(o.db, token, attempt, rows)
+        if rows:
+            o.db.ledger().insert_staged(token, attempt, rows)
         total += len(rows)
     return Staged(token, attempt, total)
 
@@ -163,7 +167,7 @@ def _column(batch: Any, name: str, kind: Any = None) -> list[Any] | None:
 
 
 def _messages(o: SinkOptions, batch: Any) -> list[tuple]:
-    """``(queue, headers JSON, payload, delay)`` per row, checked column by column: the
+    """``(queue, headers JSON, payload, delay, priority)`` per row, checked column by column: the
     per-row Python work is most of a write's cost, so what is the same for every row (the
     default queue, headers without a headers or key column) is worked out once."""
     import pyarrow as pa
@@ -210,7 +214,20 @@ def _messages(o: SinkOptions, batch: Any) -> list[tuple]:
         for i, d in enumerate(seconds):
             if math.isnan(d) or math.isinf(d) or d < 0:
                 raise PublishError(f"row {i}: delay must be finite and not negative, got {d}")
-    return list(zip(queues, texts, payloads, seconds, strict=True))
+    return list(zip(queues, texts, payloads, seconds, _priorities(batch, n), strict=True))
+
+
+def _priorities(batch: Any, n: int) -> list[int]:
+    """The ``priority`` column (null: 0), each in the range ``publish(priority=)`` takes."""
+    column = _column(batch, "priority")
+    if column is None:
+        return [0] * n
+    out = [0 if p is None else p for p in column]
+    if n and not MIN_PRIORITY <= min(out) <= max(out) <= MAX_PRIORITY:
+        i, p = next((i, p) for i, p in enumerate(out) if not MIN_PRIORITY <= p <= MAX_PRIORITY)
+        raise PublishError(f"row {i}: priority must be from {MIN_PRIORITY} to {MAX_PRIORITY}, "
+                           f"got {p}")
+    return out
 
 
 def _header_text(o: SinkOptions, i: int, pairs: Any, key: str | None) -> str:
@@ -223,99 +240,17 @@ def _header_text(o: SinkOptions, i: int, pairs: Any, key: str | None) -> str:
     return json.dumps(h, ensure_ascii=False)
 
 
-def _insert_staged(db: Database, token: str, attempt: int, rows: list[tuple]) -> None:
-    if not rows:
-        return
-    st = db.schema.spark_staging
-    engine = db.engine()
-    if engine.dialect.name == "postgresql":
-        # COPY is several times faster than INSERT for the bulk of a write job, and its
-        # binary format spares the server most of the parsing (hex payloads, timestamps).
-        raw = engine.raw_connection()
-        try:
-            cur = raw.driver_connection.cursor()  # type: ignore[union-attr]
-            cur.execute("SELECT CAST(EXTRACT(EPOCH FROM now() - TIMESTAMPTZ "
-                        "'2000-01-01 00:00:00+00') * 1000000 AS BIGINT)")
-            now = cur.fetchone()[0]
-            with cur.copy(
-                f"COPY {st.name} (token, attempt, queue, headers, payload, delay, staged_at) "
-                "FROM STDIN (FORMAT BINARY)"
-            ) as copy:
-                copy.write(_COPY_SIGNATURE)
-                for i in range(0, len(rows), 10_000):
-                    copy.write(_copy_binary(token, attempt, now, rows[i : i + 10_000]))
-                copy.write(_COPY_TRAILER)
-            raw.commit()
-        finally:
-            raw.close()
-        return
-    with engine.begin() as conn:
-        now = conn.execute(select(db_now_plus(literal(0.0)))).scalar_one()
-        values = [
-            {"token": token, "attempt": attempt, "queue": q, "headers": json.loads(h),
-             "payload": p, "delay": d, "staged_at": now}
-            for q, h, p, d in rows
-        ]
-        for i in range(0, len(values), 1000):
-            conn.execute(insert(st), values[i : i + 1000])
-
-
-_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # no flags, no header extension
-_COPY_TRAILER = b"\xff\xff"
-_I4 = struct.Struct(">i").pack
-
-
-def _copy_binary(token: str, attempt: int, now: int, rows: list[tuple]) -> bytes:
-    """Rows in COPY's binary format (PostgreSQL's own wire representation of each column),
-    built in one pass: psycopg's ``write_row`` costs several times more per row. Queue
-    names, header texts and delays repeat, so each is encoded once. ``now`` is the
-    server's time in microseconds since 2000-01-01 (``timestamptz``'s binary form)."""
-    tok = token.encode()
-    # 7 fields; token (text), attempt (int8), then per row: queue (text), headers (jsonb:
-    # version 1 and the text), payload (bytea), delay (float8), staged_at (timestamptz).
-    lead = struct.pack(">hi", 7, len(tok)) + tok + struct.pack(">iq", 8, attempt)
-    texts: dict[str, bytes] = {}
-    headers: dict[str, bytes] = {}
-    tails: dict[float, bytes] = {}
-
-    def text(value: str) -> bytes:
-        out = texts.get(value)
-        if out is None:
-            b = value.encode()
-            out = texts[value] = _I4(len(b)) + b
-        return out
-
-    def header(value: str) -> bytes:
-        out = headers.get(value)
-        if out is None:
-            b = value.encode()
-            out = headers[value] = _I4(len(b) + 1) + b"\x01" + b
-        return out
-
-    def tail(delay: float) -> bytes:
-        out = tails.get(delay)
-        if out is None:
-            out = tails[delay] = struct.pack(">idiq", 8, delay, 8, now)
-        return out
-
-    return b"".join([lead + text(q) + header(h) + _I4(len(p)) + p + tail(d)
-                     for q, h, p, d in rows])
-
-
 def publish(db: Database, staged: list[Staged | None], tokens: set[str],
             sink: str | None = None, batch_id: int | None = None) -> int:
-    """Move the staged rows of successful attempts to the message table and drop everything
-    the job staged, in one transaction. Returns how many messages were published."""
+    """Move the staged rows of successful attempts to the message table (waking subscribers
+    as any publish does) and drop everything the job staged, in one transaction. Returns
+    how many messages were published."""
     s = db.schema
-    st, m, sb = s.spark_staging, s.message, s.spark_sink_batch
+    st, sb = s.spark_staging, s.spark_sink_batch
     attempts = sorted({x.attempt for x in staged if x is not None})
     expected = sum(x.rows for x in staged if x is not None)
     published = 0
-    with db.engine().begin() as conn:
-        if conn.dialect.name == "postgresql":
-            # The move sorts the staged rows (payloads and all) by row_id: in memory, not in
-            # temporary files, for a job of a few hundred thousand rows.
-            conn.exec_driver_sql("SET LOCAL work_mem = '256MB'")
+    with db.sql_engine().begin() as conn:
         done = False
         if sink is not None:
             done = conn.execute(
@@ -325,19 +260,7 @@ def publish(db: Database, staged: list[Staged | None], tokens: set[str],
                 conn.execute(insert(sb).values(sink=sink, batch_id=batch_id,
                                                committed_at=db_now_plus(literal(0.0))))
         if not done and attempts:
-            for i in range(0, len(attempts), 500):
-                src = (
-                    select(st.c.queue, st.c.headers, st.c.payload, literal("PENDING"), literal(0),
-                           literal(0), db_now_plus(literal(0.0)), db_now_plus(st.c.delay))
-                    .where(st.c.token.in_(sorted(tokens)),
-                           st.c.attempt.in_(attempts[i : i + 500]))
-                    .order_by(st.c.row_id)
-                )
-                # SQLAlchemy keeps an INSERT's row count only when asked (psycopg's is -1).
-                published += conn.execute(insert(m).from_select(
-                    ["queue", "headers", "payload", "state", "attempts_count",
-                     "deliveries_count", "created_at", "next_attempt_at"], src),
-                    execution_options={"preserve_rowcount": True}).rowcount
+            published = db.ledger().publish_staged(conn, sorted(tokens), attempts)
             if published != expected:
                 # Rolls the whole commit back: a task's staged rows went missing (deleted
                 # by hand, or lost with the server), so publishing would lose messages.
@@ -365,7 +288,7 @@ def _abort(db: Database, tokens: set[str]) -> None:
     start = time.monotonic()
     for at in ABORT_SWEEPS:
         time.sleep(max(0.0, start + at - time.monotonic()))
-        with db.engine().begin() as conn:
+        with db.sql_engine().begin() as conn:
             discard(conn, db, tokens)
 
 

@@ -139,7 +139,7 @@ class TableReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         t = self._table()
-        with self.db.engine().connect() as conn:
+        with self.db.sql_engine().connect() as conn:
             lo, hi, n = conn.execute(
                 select(func.min(t.c.id), func.max(t.c.id), func.count())
                 .where(*conditions(t, self.where))
@@ -155,13 +155,13 @@ class TableReader(DataSourceReader):
         if partition.hi < partition.lo:
             return
         t = self._table()
-        engine = self.db.engine()
+        ledger = self.db.ledger()
         stmt = (
-            select(*db_columns(t, self.columns, engine.dialect.name))
+            select(*db_columns(t, self.columns, ledger.timestamp))
             .where(t.c.id.between(partition.lo, partition.hi), *conditions(t, partition.where))
             .order_by(t.c.id)
         )
-        with engine.connect() as conn:
+        with ledger.sql_engine.connect() as conn:
             result = conn.execution_options(yield_per=10_000).execute(stmt)
             yield from record_batches(result, self.columns)
 

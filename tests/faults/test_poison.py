@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlmq.runtime import QUARANTINE_AFTER
+from sqlmq.runtime.quarantine import QUARANTINE_AFTER
 
 from .harness import Tables, WorkerPool, WorkerSpec, executions, history, wait_ready
 

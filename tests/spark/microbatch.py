@@ -4,7 +4,7 @@ It calls :class:`sqlmq.spark.stream.QueueStreamReader` in the order Spark's
 ``MicroBatchExecution`` does under ``trigger(availableNow=True)``, with the checkpoint (offset
 log, commit log) in small files and an idempotent sink (one file per batch id, replaced when
 the batch is replayed), and without a JVM, so a test can SIGKILL it at any named point
-(``SQLMQ_TEST_FAULT``, see ``sqlmq.spark.stream._fault``) in a few seconds:
+(``SQLMQ_TEST_FAULT``, see :mod:`sqlmq.spark.faults`) in a few seconds:
 
 - on start, an offset logged but not committed is replayed: ``partitions(start, end)`` of
   the logged offsets, with no ``latestOffset`` before it;
@@ -28,8 +28,9 @@ from typing import Any
 
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
+from sqlmq.spark.faults import fault
 from sqlmq.spark.options import Options
-from sqlmq.spark.stream import QueueStreamReader, _fault, stream_options
+from sqlmq.spark.stream import QueueStreamReader, stream_options
 
 QUEUE = "in"
 CONSUMER = "pipe"
@@ -84,7 +85,7 @@ def run_batch(reader: QueueStreamReader, ck: Checkpoint, out: Path, batch: int,
         for records in reader.read(part):
             ids += records.column("id").to_pylist()
     _write(out / f"batch-{batch}", json.dumps(ids))  # the sink: a replay replaces it
-    _fault("spark:written")
+    fault("spark:written")
     ck.log_commit(batch)
 
 
@@ -104,7 +105,7 @@ def run(url: str, prefix: str, ck_dir: Path, out: Path) -> None:
         if end == start:
             break
         _wait_ahead(reader)
-        _fault("spark:planned")
+        fault("spark:planned")
         batch += 1
         ck.log_offset(batch, end)
         reader.commit(start)
@@ -115,7 +116,7 @@ def run(url: str, prefix: str, ck_dir: Path, out: Path) -> None:
 
 def _wait_ahead(reader: QueueStreamReader) -> None:
     """Let the lease ahead finish, so that ``spark:planned`` finds it committed."""
-    ahead: Any = reader.consumer._ahead
+    ahead: Any = reader.consumer.ahead
     if ahead is not None:
         ahead.exception()
 
@@ -137,19 +138,19 @@ def serve() -> None:
     import importlib
     import traceback
 
-    from sqlmq.spark import stream
+    from sqlmq.spark import faults
 
     for module in PRELOAD:  # what a driver run imports on first use (pandas alone: ~1.3 s)
         importlib.import_module(module)
 
     for line in sys.stdin:
-        url, prefix, ck_dir, out, log, fault = json.loads(line)
+        url, prefix, ck_dir, out, log, point = json.loads(line)
         pid = os.fork()
         if pid == 0:  # the driver
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
-            stream._FAULT = fault
+            faults.FAULT = point
             code = 0
             try:
                 run(url, prefix, Path(ck_dir), Path(out))

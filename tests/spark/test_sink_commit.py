@@ -1,9 +1,10 @@
 """The sink's staging and commit, without a Spark job: what executors stage (binary COPY on
-PostgreSQL) is published unchanged, and a commit that finds fewer staged rows than the
-tasks reported publishes nothing."""
+PostgreSQL) is published unchanged, a commit that finds fewer staged rows than the
+tasks reported publishes nothing, and a commit wakes subscribers as any publish does."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -11,12 +12,12 @@ import pyarrow as pa
 import pytest
 from sqlalchemy import delete, func, select
 
-from sqlmq import Broker
+from sqlmq import Broker, Message
 from sqlmq.errors import PublishError
 from sqlmq.spark.options import Database
 from sqlmq.spark.sink import SinkOptions, publish, stage
 
-from ..conftest import rows
+from ..conftest import rows, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -79,3 +80,27 @@ async def test_a_commit_missing_staged_rows_publishes_nothing(
     with pytest.raises(PublishError, match="staged 20 rows but 10"):
         publish(o.db, list(staged), {token})
     assert await rows(broker) == []
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_a_sink_commit_wakes_an_idle_subscriber_with_its_notify(
+    broker: Broker, opts: dict[str, str]
+) -> None:
+    """The sink's commit sends the NOTIFY every publish sends, with its transaction: a
+    subscriber backed off to long polls (its next poll seconds away, as in
+    tests/test_wakeups.py) gets the message at once, not at its next poll."""
+    handled: list[bytes] = []
+
+    @broker.subscriber("orders", max_fetch_interval=30.0)
+    async def handle(msg: Message) -> None:
+        handled.append(msg.payload)
+
+    o = _options(opts)
+    token = uuid.uuid4().hex
+    staged = await asyncio.to_thread(stage, o, token, iter([_batch([b"woken"])]))
+    await broker.start()
+    await asyncio.sleep(6.0)  # idle: the next poll is about 10 s after the start
+
+    assert await asyncio.to_thread(publish, o.db, [staged], {token}) == 1
+    await wait_until(lambda: handled == [b"woken"], timeout=3.0,
+                     message="the delivery woken by the sink's NOTIFY")

@@ -174,7 +174,7 @@ Consumer(o)
 t = o.db.schema.spark_consumer
 hold = 1.0  # the parent's SIGTERMs land in this first transaction
 while True:  # an idle stream's main thread: one short transaction after another on the row
-    with o.db.engine().begin() as conn:
+    with o.db.sql_engine().begin() as conn:
         conn.execute(update(t).values(leased_seq=t.c.leased_seq))
         print("ready", flush=True)
         time.sleep(hold)

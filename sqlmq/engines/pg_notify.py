@@ -1,4 +1,5 @@
-"""PostgreSQL wake-ups: publishing sends ``NOTIFY``, subscribers ``LISTEN`` and fetch at once.
+"""PostgreSQL wake-ups: publishing sends ``NOTIFY``, subscribers ``LISTEN`` and fetch at once
+(the engine's :meth:`~sqlmq.engines.postgres.PostgresEngine.wake_source`).
 
 A notification carries only the queue's name, never message content, and is sent by the
 publishing statement itself, so it fires when that transaction commits (on sqlmq's
@@ -20,10 +21,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .backoff import Backoff
-from .engines.pg_errors import connection_lost
-from .schema import Schema
-from .tasks import cancel_and_wait
+from ..backoff import Backoff
+from ..schema import Schema
+from ..tasks import cancel_and_wait
+from .pg_errors import connection_lost
 
 log = logging.getLogger("sqlmq")
 

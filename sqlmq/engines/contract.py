@@ -1,0 +1,149 @@
+"""The engine contract: every operation on sqlmq's rows, named after the lifecycle.
+
+The broker, the subscriber runtime, the maintenance duties and the edges (CLI, Spark) call
+these methods and nothing else that touches a database; only the engine knows which
+database it is. Each database's engine lives beside this file with its statements in
+``sql/<database>.py``; ``memory.py`` implements the same contract in the process.
+
+The Spark source and sink run without an event loop, in Spark's driver and executors; their
+bookkeeping (leases recorded with the acquire, acknowledgements, staged publishes) is the
+synchronous half of the contract: :class:`sqlmq.engines.spark.SparkLedger`, one per database,
+chosen by :func:`sqlmq.engines.spark.ledger_for`.
+
+Fencing: every write after acquisition is conditional on ``(id, deliveries)`` and state
+PROCESSING. Methods that write after acquisition return the ids they actually wrote;
+anything missing was stale (its lease expired and another delivery owns it now).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ..lifecycle import State
+from ..records import Delivery, NewMessage, QueueStats, Settlement
+from ..schema import Schema
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
+class WakeSource(Protocol):
+    """A push notification of new messages (PostgreSQL's LISTEN), started by the broker."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the broker, the runtime and the edges need from a database."""
+
+    schema: Schema
+    #: Whether :meth:`publish_leased` exists: a publish handed straight to an idle local
+    #: subscriber, already acquired (one round trip from publish to handler).
+    hands_over: bool
+
+    # ---- publishing ------------------------------------------------------------------------
+
+    async def publish(
+        self, messages: Sequence[NewMessage],
+        executor: AsyncConnection | AsyncSession | None = None,
+    ) -> list[int]:
+        """Insert ``messages`` (ids returned in order; they share a queue, a schedule and a
+        priority: one ``publish_batch``), on sqlmq's own connections or, with
+        ``executor``, in the caller's transaction. Wakes consumers in other processes where
+        the database can (NOTIFY on PostgreSQL, sent at the caller's commit)."""
+        ...
+
+    def publish_sync(
+        self, messages: Sequence[NewMessage], executor: Connection | Session | None = None,
+    ) -> list[int]:
+        """The same, for code without an event loop."""
+        ...
+
+    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
+        """Insert ``message`` already acquired (its first delivery, leased for ``lease``
+        seconds): the row an acquire would have left. Only where ``hands_over``."""
+        ...
+
+    # ---- consuming -------------------------------------------------------------------------
+
+    async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
+        """Mark up to ``limit`` ready messages PROCESSING (one more delivery each, a lease of
+        ``lease`` seconds) and return them highest priority first, then in the order they
+        became ready (then by id)."""
+        ...
+
+    async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
+        """Apply a batch of results in one transaction: archive, retry or release."""
+        ...
+
+    async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
+        """Push the lease of each held ``(id, deliveries)`` to now + ``seconds``."""
+        ...
+
+    async def landed(self, settlements: Sequence[Settlement]) -> set[int]:
+        """The ids among ``settlements`` whose result the database shows as written by
+        exactly that delivery (a settle whose reply was lost may have committed)."""
+        ...
+
+    def commit_counter(self) -> Callable[[], int | None] | None:
+        """A cheap reading that changes whenever any process commits a write, or None
+        where the database offers no such thing."""
+        ...
+
+    def wake_source(
+        self, on_queue: Callable[[str], None], on_all: Callable[[], None],
+    ) -> WakeSource | None:
+        """A source of push wake-ups for this process's subscribers, or None."""
+        ...
+
+    # ---- maintenance and insights ------------------------------------------------------------
+
+    async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
+        """Return messages whose lease expired to PENDING, each ready at a random moment
+        within ``spread`` seconds, recording why in their history."""
+        ...
+
+    async def requeue_archived(
+        self, *, queue: str | None = None, ids: Sequence[int] | None = None,
+        state: str = State.FAILED,
+    ) -> int:
+        """Move archived messages back to the table as fresh PENDING messages."""
+        ...
+
+    async def purge_archived(
+        self, *, queue: str | None = None, state: str | None = None,
+        before: datetime | None = None,
+    ) -> int:
+        """Delete archived messages; returns how many."""
+        ...
+
+    async def stats(self) -> list[QueueStats]:
+        """Per queue: counts by state and the oldest ready time."""
+        ...
+
+    async def now(self) -> datetime:
+        """The database clock (leases, schedules and retries are measured on it)."""
+        ...
+
+    # ---- schema and life ---------------------------------------------------------------------
+
+    async def migrate(self) -> int:
+        """Create or upgrade sqlmq's tables; safe from many processes at once."""
+        ...
+
+    async def check_schema(self, shown_url: str) -> None:
+        """Raise a clear error if the tables are missing or from another version."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the engine holds (kept connections, files); idempotent."""
+        ...
+
+
+__all__ = ["Engine", "WakeSource"]

@@ -1,0 +1,498 @@
+"""The in-memory engine: the whole engine contract on Python dicts, for unit tests.
+
+``Broker("memory://")`` runs on it: a user's test publishes, runs handlers and asserts
+without a database. It keeps the SQL engines' semantics exactly (the contract suite in
+``tests/contract/`` runs the same scenarios on all four engines): ids that increase,
+acquire by priority then in ready order, leases and fencing on ``(id, deliveries)`` and
+state PROCESSING, every settle outcome column by column, recovery with its
+``lease_expired`` history entry, requeue and purge of the archive. Its clock is the
+database clock: :attr:`MemoryEngine.clock` plus whatever :meth:`MemoryEngine.advance`
+added, so a test moves time forward instead of sleeping through delays, leases and retries.
+
+Nothing is shared between processes and nothing survives the process: this engine is a
+test double for sqlmq's users, never a stand-in for a database in a test of sqlmq itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from ..errors import PublishError
+from ..lifecycle import Outcome, State
+from ..records import HISTORY_LIMIT, Delivery, NewMessage, QueueStats, Settlement
+from ..schema import SCHEMA_VERSION, Schema
+
+Clock = Callable[[], datetime]
+
+
+def real_time() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class Row:
+    """A row of the message table (PENDING, PROCESSING or RETRYABLE)."""
+
+    id: int
+    queue: str
+    headers: dict[str, str]
+    payload: bytes
+    created_at: datetime
+    next_attempt_at: datetime | None  # None exactly while PROCESSING, as in the schema
+    state: str = State.PENDING
+    attempts_count: int = 0
+    deliveries_count: int = 0
+    first_attempt_at: datetime | None = None
+    acquired_at: datetime | None = None
+    last_attempt_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    last_error: str | None = None
+    history: list[dict[str, Any]] | None = None
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class Archived:
+    """A row of the archive (COMPLETED or FAILED)."""
+
+    id: int
+    queue: str
+    headers: dict[str, str]
+    payload: bytes
+    state: str
+    attempts_count: int
+    deliveries_count: int
+    created_at: datetime
+    first_attempt_at: datetime | None
+    last_attempt_at: datetime | None
+    archived_at: datetime
+    error: str | None
+    history: list[dict[str, Any]] | None
+    priority: int = 0
+
+
+def ready_key(row: Row) -> tuple[Any, ...]:
+    """The order acquire takes ready messages in, as the SQL engines' ``ORDER BY``: highest
+    priority first, then ready time, then id. A new ordering column goes first in this
+    tuple and nowhere else."""
+    return (-row.priority, row.next_attempt_at, row.id)
+
+
+def _copy(history: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """A history as a database would hand it out: a fresh object on every read, so a caller
+    changing what it got does not change the row (a SQL row goes through JSON text)."""
+    return None if history is None else [dict(entry) for entry in history]
+
+
+@dataclass
+class MemoryStore:
+    """The two tables and the id sequence; every method is one transaction at ``now``."""
+
+    rows: dict[int, Row] = field(default_factory=dict)
+    by_queue: dict[str, dict[int, Row]] = field(default_factory=dict)
+    archive: dict[int, Archived] = field(default_factory=dict)
+    last_id: int = 0
+
+    def new_rows(self, messages: Sequence[NewMessage], now: datetime) -> list[Row]:
+        """Rows for ``messages`` with their ids taken (in order), not yet visible."""
+        out = []
+        for m in messages:
+            self.last_id += 1
+            ready = now + timedelta(seconds=m.delay) if m.at is None else m.at.astimezone(UTC)
+            out.append(Row(self.last_id, m.queue, dict(m.headers), m.payload, now, ready,
+                           priority=m.priority))
+        return out
+
+    def add(self, rows: Iterable[Row]) -> None:
+        for row in rows:
+            self.rows[row.id] = row
+            self.by_queue.setdefault(row.queue, {})[row.id] = row
+
+    def _remove(self, row: Row) -> None:
+        del self.rows[row.id]
+        del self.by_queue[row.queue][row.id]
+
+    def acquire(self, queues: Sequence[str], limit: int, lease: float,
+                now: datetime) -> list[Delivery]:
+        ready = [r for q in dict.fromkeys(queues) for r in self.by_queue.get(q, {}).values()
+                 if r.next_attempt_at is not None and r.next_attempt_at <= now]
+        out = []
+        for r in heapq.nsmallest(max(limit, 0), ready, key=ready_key):
+            scheduled = r.next_attempt_at
+            r.state = State.PROCESSING
+            r.deliveries_count += 1
+            r.acquired_at = now
+            r.first_attempt_at = r.first_attempt_at or now
+            r.next_attempt_at = None
+            r.lease_expires_at = now + timedelta(seconds=lease)
+            out.append(_delivery(r, scheduled))
+        return out
+
+    def held(self, msg_id: int, deliveries: int) -> Row | None:
+        """The row of delivery ``(msg_id, deliveries)`` if that delivery still holds it."""
+        row = self.rows.get(msg_id)
+        if row is None or row.deliveries_count != deliveries or row.state != State.PROCESSING:
+            return None
+        return row
+
+    def settle(self, settlements: Sequence[Settlement], now: datetime) -> set[int]:
+        applied: set[int] = set()
+        # archives first, then moves back, as the SQL engines' statements run
+        for s in sorted(settlements, key=lambda s: not s.outcome.archives):
+            row = self.held(s.id, s.deliveries)
+            if row is None:
+                continue
+            applied.add(s.id)
+            if s.outcome.archives:
+                self._archive(row, s, now)
+            else:
+                _move_back(row, s, now)
+        return applied
+
+    def _archive(self, row: Row, s: Settlement, now: datetime) -> None:
+        self._remove(row)
+        self.archive[row.id] = Archived(
+            row.id, row.queue, row.headers, row.payload, s.outcome.value,
+            row.attempts_count + int(s.attempted), row.deliveries_count, row.created_at,
+            row.first_attempt_at, now if s.attempted else row.last_attempt_at, now, s.error,
+            _copy(s.history) if s.history is not None else row.history, row.priority,
+        )
+
+    def extend(self, leases: Sequence[tuple[int, int]], seconds: float,
+               now: datetime) -> set[int]:
+        kept = set()
+        for msg_id, deliveries in leases:
+            row = self.held(msg_id, deliveries)
+            if row is not None:
+                row.lease_expires_at = now + timedelta(seconds=seconds)
+                kept.add(msg_id)
+        return kept
+
+    def landed(self, settlements: Sequence[Settlement]) -> set[int]:
+        return {s.id for s in settlements
+                if _shows(s, self.archive.get(s.id) if s.outcome.archives else self.rows.get(s.id))}
+
+    def recover(self, limit: int, spread: float, now: datetime) -> list[int]:
+        expired = [r for r in self.rows.values() if r.state == State.PROCESSING
+                   and r.lease_expires_at is not None and r.lease_expires_at < now]
+        out = []
+        at = now.isoformat(timespec="microseconds")
+        for r in heapq.nsmallest(max(limit, 0), expired, key=lambda r: r.lease_expires_at):
+            r.state = State.PENDING
+            r.next_attempt_at = now + timedelta(seconds=random.random() * spread)
+            r.lease_expires_at = None
+            r.last_error = "lease expired"
+            entry = {"delivery": r.deliveries_count, "ended": "lease_expired", "at": at}
+            r.history = [*(r.history or []), entry][-HISTORY_LIMIT:]
+            out.append(r.id)
+        return out
+
+    def archived(self, queue: str | None, ids: Sequence[int] | None, state: str | None,
+                 before: datetime | None) -> list[Archived]:
+        """The archive rows matching every filter given (``None``: any)."""
+        wanted = None if ids is None else set(ids)
+        return [a for a in self.archive.values()
+                if (queue is None or a.queue == queue) and (wanted is None or a.id in wanted)
+                and (state is None or a.state == state)
+                and (before is None or a.archived_at < before)]
+
+    def requeue(self, found: list[Archived], now: datetime) -> int:
+        """Back to the table as fresh PENDING messages, keeping id, creation, error, history
+        and priority."""
+        for a in found:
+            del self.archive[a.id]
+            self.add([Row(a.id, a.queue, a.headers, a.payload, a.created_at, now,
+                          last_error=a.error, history=a.history, priority=a.priority)])
+        return len(found)
+
+    def purge(self, found: list[Archived]) -> int:
+        for a in found:
+            del self.archive[a.id]
+        return len(found)
+
+    def stats(self) -> list[QueueStats]:
+        counts: dict[str, dict[str, int]] = {}
+        oldest: dict[str, datetime | None] = {}
+        for r in self.rows.values():
+            c = counts.setdefault(r.queue, {})
+            c[r.state] = c.get(r.state, 0) + 1
+            first = oldest.get(r.queue)
+            if r.next_attempt_at is not None and (first is None or r.next_attempt_at < first):
+                first = r.next_attempt_at
+            oldest[r.queue] = first
+        for a in self.archive.values():
+            c = counts.setdefault(a.queue, {})
+            c[a.state] = c.get(a.state, 0) + 1
+        return [QueueStats(q, c.get(State.PENDING, 0), c.get(State.PROCESSING, 0),
+                           c.get(State.RETRYABLE, 0), c.get(State.COMPLETED, 0),
+                           c.get(State.FAILED, 0), oldest.get(q))
+                for q, c in sorted(counts.items())]
+
+
+def _delivery(r: Row, scheduled: datetime | None) -> Delivery:
+    assert r.acquired_at is not None and r.lease_expires_at is not None
+    return Delivery(r.id, r.queue, dict(r.headers), r.payload, r.attempts_count,
+                    r.deliveries_count, r.created_at, r.first_attempt_at, r.acquired_at,
+                    r.lease_expires_at, scheduled, _copy(r.history) or [], priority=r.priority)
+
+
+def _move_back(row: Row, s: Settlement, now: datetime) -> None:
+    """RETRY (to RETRYABLE) or RELEASE (to PENDING), as the SQL engines' settle writes it:
+    a refund gives the delivery back, and a refunded first delivery leaves no times."""
+    refund = int(s.refund)
+    row.state = State.RETRYABLE if s.outcome is Outcome.RETRY else State.PENDING
+    row.attempts_count += int(s.attempted)
+    if row.deliveries_count == refund:
+        row.first_attempt_at = None
+        row.acquired_at = None
+    row.deliveries_count -= refund
+    if s.attempted:
+        row.last_attempt_at = now
+    row.next_attempt_at = now + timedelta(seconds=s.delay)
+    row.lease_expires_at = None
+    if s.error is not None:
+        row.last_error = s.error
+    if s.history is not None:
+        row.history = _copy(s.history)
+
+
+def _shows(s: Settlement, row: Row | Archived | None) -> bool:
+    """Whether ``row`` is what settlement ``s`` leaves (see the SQL engines' ``landed``)."""
+    if row is None:
+        return False
+    if s.outcome.archives:
+        return row.state == s.outcome.value and row.deliveries_count == s.deliveries
+    if s.outcome is Outcome.RETRY:
+        return row.state == State.RETRYABLE and row.deliveries_count == s.deliveries
+    if row.state != State.PENDING or getattr(row, "lease_expires_at", None) is not None:
+        return False
+    if s.refund:
+        return row.deliveries_count == s.deliveries - 1
+    last = (row.history or [{}])[-1]
+    recovered = last.get("ended") == "lease_expired" and last.get("delivery") == s.deliveries
+    return row.deliveries_count == s.deliveries and not recovered
+
+
+class MemoryEngine:
+    """The engine contract in this process's memory, thread-safe (``publish_sync`` may run
+    on another thread than the subscribers' loop)."""
+
+    hands_over = True
+
+    def __init__(self, schema: Schema, clock: Clock | None = None) -> None:
+        self.schema = schema
+        #: The database clock without :meth:`advance`'s offset: replace it to freeze time.
+        self.clock: Clock = clock or real_time
+        self._offset = timedelta()
+        self._store = MemoryStore()
+        self._lock = threading.Lock()
+        self._writes = 0  # what commit_counter() reads: bumped by every change
+
+    # ---- the clock ----------------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return self.clock() + self._offset
+
+    def advance(self, seconds: float) -> None:
+        """Move the database clock forward: delays, leases and retry delays fall due as if
+        that time had passed. Counts as a change, so an idle subscriber looks again soon."""
+        with self._lock:
+            self._offset += timedelta(seconds=seconds)
+            self._writes += 1
+
+    async def now(self) -> datetime:
+        with self._lock:
+            return self._now()
+
+    # ---- publishing ---------------------------------------------------------------------
+
+    async def publish(self, messages: Sequence[NewMessage],
+                      executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
+        if isinstance(executor, AsyncConnection) and not executor.in_transaction():
+            await executor.begin()  # what the INSERT would do; the begin may need the loop
+        return self.publish_sync(messages, executor)
+
+    def publish_sync(self, messages: Sequence[NewMessage],
+                     executor: Connection | Session | AsyncConnection | AsyncSession | None = None,
+                     ) -> list[int]:
+        """With ``executor``, the ids are taken now and the messages appear when the
+        caller's transaction commits (and never, if it rolls back), as rows inserted in it
+        would. Unlike rows, they are not taken back by rolling back a savepoint."""
+        target = None if executor is None else _transaction_owner(executor)
+        with self._lock:
+            rows = self._store.new_rows(messages, self._now())
+            if target is None:
+                self._store.add(rows)
+                self._writes += 1
+        if target is not None:
+            _on_commit(target, lambda: self._commit(rows))
+        return [r.id for r in rows]
+
+    def _commit(self, rows: list[Row]) -> None:
+        with self._lock:
+            self._store.add(rows)
+            self._writes += 1
+
+    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
+        with self._lock:
+            now = self._now()
+            (row,) = self._store.new_rows([message], now)
+            row.state, row.deliveries_count, row.next_attempt_at = State.PROCESSING, 1, None
+            row.first_attempt_at = row.acquired_at = now
+            row.lease_expires_at = now + timedelta(seconds=lease)
+            self._store.add([row])
+            self._writes += 1
+            return _delivery(row, now)
+
+    # ---- consuming ----------------------------------------------------------------------
+
+    async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
+        with self._lock:
+            out = self._store.acquire(queues, limit, lease, self._now())
+            self._writes += bool(out)
+            return out
+
+    async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
+        with self._lock:
+            applied = self._store.settle(settlements, self._now())
+            self._writes += bool(applied)
+            return applied
+
+    async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
+        with self._lock:
+            kept = self._store.extend(leases, seconds, self._now())
+            self._writes += bool(kept)
+            return kept
+
+    async def landed(self, settlements: Sequence[Settlement]) -> set[int]:
+        with self._lock:
+            return self._store.landed(settlements)
+
+    def commit_counter(self) -> Callable[[], int | None] | None:
+        return self._read_writes
+
+    def _read_writes(self) -> int:
+        return self._writes
+
+    def wake_source(self, on_queue: Callable[[str], None],
+                    on_all: Callable[[], None]) -> None:
+        return None  # publishes in this process wake subscribers through the broker
+
+    # ---- maintenance and insights -------------------------------------------------------
+
+    async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
+        with self._lock:
+            recovered = self._store.recover(limit, spread, self._now())
+            self._writes += bool(recovered)
+            return recovered
+
+    async def requeue_archived(self, *, queue: str | None = None,
+                               ids: Sequence[int] | None = None,
+                               state: str = State.FAILED) -> int:
+        with self._lock:
+            moved = self._store.requeue(self._store.archived(queue, ids, state, None),
+                                        self._now())
+            self._writes += bool(moved)
+            return moved
+
+    async def purge_archived(self, *, queue: str | None = None, state: str | None = None,
+                             before: datetime | None = None) -> int:
+        with self._lock:
+            return self._store.purge(self._store.archived(queue, None, state, before))
+
+    async def stats(self) -> list[QueueStats]:
+        with self._lock:
+            return self._store.stats()
+
+    # ---- schema and life ----------------------------------------------------------------
+
+    async def migrate(self) -> int:
+        return SCHEMA_VERSION  # what the SQL engines return: the version now in place
+
+    async def check_schema(self, shown_url: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None  # nothing held; the messages stay for the test to inspect
+
+
+# ---- the caller's transaction ---------------------------------------------------------------
+
+#: Per transaction owner (a sync Connection or Session), what to run when it commits.
+_pending: weakref.WeakKeyDictionary[Any, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
+
+
+def _transaction_owner(executor: Any) -> Connection | Session:
+    """The sync object whose events tell the commit, in a transaction by now: a row
+    inserted on a connection outside one would begin one (SQLAlchemy's autobegin), and a
+    commit of a connection that never began sends no event."""
+    if isinstance(executor, AsyncSession):
+        return executor.sync_session
+    if isinstance(executor, AsyncConnection):
+        executor = executor.sync_connection
+        if executor is None:
+            raise PublishError("the AsyncConnection given to publish() is not started")
+    if isinstance(executor, Connection):
+        if not executor.in_transaction():
+            executor.begin()
+        return executor
+    if isinstance(executor, Session):
+        return executor
+    raise PublishError(f"publish() takes a Connection, AsyncConnection, Session or "
+                       f"AsyncSession, got {type(executor).__name__}")
+
+
+def _on_commit(target: Connection | Session, callback: Callable[[], None]) -> None:
+    """Run ``callback`` when ``target``'s outermost transaction commits; forget it when that
+    transaction rolls back or ends otherwise. A Connection announces its commit just before
+    the driver's COMMIT (there is no later event), a Session just after."""
+    callbacks = _pending.get(target)
+    if callbacks is None:
+        callbacks = _pending[target] = []
+        if isinstance(target, Session):
+            event.listen(target, "after_commit", _session_committed)
+            event.listen(target, "after_transaction_end", _session_ended)
+        else:
+            event.listen(target, "commit", _fire)
+            event.listen(target, "rollback", _drop)
+    callbacks.append(callback)
+
+
+def _fire(target: Any) -> None:
+    callbacks = _pending.get(target)
+    while callbacks:
+        callbacks.pop(0)()
+
+
+def _drop(target: Any) -> None:
+    callbacks = _pending.get(target)
+    if callbacks:
+        callbacks.clear()
+
+
+def _session_committed(session: Session) -> None:
+    """A Session reports a savepoint's release as a commit too: wait for the outermost."""
+    if not session.in_nested_transaction():
+        _fire(session)
+
+
+def _session_ended(session: Session, transaction: Any) -> None:
+    """A Session's outermost transaction ended: after its commit nothing is left to run;
+    otherwise it rolled back or was closed without a commit, and its publishes vanish."""
+    if transaction.parent is None:
+        _drop(session)
+
+
+__all__ = ["Archived", "MemoryEngine", "MemoryStore", "Row", "ready_key"]

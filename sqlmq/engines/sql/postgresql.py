@@ -1,0 +1,401 @@
+"""PostgreSQL's statements. Parameters are asyncpg's ``$n``; every statement runs on asyncpg,
+straight or through SQLAlchemy's ``exec_driver_sql`` (see :mod:`sqlmq.engines.postgres`).
+Table names are filled in once by :func:`sqlmq.engines.sql.render`.
+
+Arrays travel as text literals (``'{1,2,3}'``) where the hot path sends them: the server
+parses them in C, where the driver's array encoder would spend about a microsecond of Python
+per element.
+"""
+
+# ---- publishing ------------------------------------------------------------------------------
+
+# Publish a batch to one queue, due after $6 seconds: one statement, one round trip. The
+# NOTIFY rides in the same statement, so it fires when (and only if) the transaction commits,
+# on sqlmq's connection or the caller's. Headers go once per distinct set ($2, parsed to
+# JSONB once) with each row's 1-based index into them ($3): parsing the JSON again for every
+# row was a large part of the server's time. Returns one row: every new id, sorted.
+# $1 queue, $2 header sets, $3 keys, $4 payloads (bytea array literal), $5 channel, $6 delay,
+# $7 priority.
+INSERT = """
+WITH inserted AS (
+    INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+                     created_at, next_attempt_at, priority)
+    SELECT $1, (h.hs)[u.k], u.p, 'PENDING', 0, 0, now(),
+           (now() + CAST($6 AS DOUBLE PRECISION) * INTERVAL '1 second'), CAST($7 AS INTEGER)
+    FROM CAST(CAST(CAST($2 AS TEXT) AS TEXT[]) AS JSONB[]) AS h(hs),
+        unnest(CAST(CAST($3 AS TEXT) AS INTEGER[]), CAST(CAST($4 AS TEXT) AS BYTEA[]))
+        WITH ORDINALITY AS u(k, p, n)
+    ORDER BY u.n
+    RETURNING id
+), woken AS MATERIALIZED (SELECT pg_notify($5, $1))
+SELECT array_agg(inserted.id ORDER BY inserted.id) FROM inserted, woken
+"""
+
+# The same, due at the moment $6 (a timestamptz) instead of after a delay.
+INSERT_AT = """
+WITH inserted AS (
+    INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+                     created_at, next_attempt_at, priority)
+    SELECT $1, (h.hs)[u.k], u.p, 'PENDING', 0, 0, now(), CAST($6 AS TIMESTAMPTZ),
+           CAST($7 AS INTEGER)
+    FROM CAST(CAST(CAST($2 AS TEXT) AS TEXT[]) AS JSONB[]) AS h(hs),
+        unnest(CAST(CAST($3 AS TEXT) AS INTEGER[]), CAST(CAST($4 AS TEXT) AS BYTEA[]))
+        WITH ORDINALITY AS u(k, p, n)
+    ORDER BY u.n
+    RETURNING id
+), woken AS MATERIALIZED (SELECT pg_notify($5, $1))
+SELECT array_agg(inserted.id ORDER BY inserted.id) FROM inserted, woken
+"""
+
+# The id column's sequence, from which a COPY reserves its ids. $1 the message table.
+COPY_SEQUENCE = "SELECT pg_get_serial_sequence($1, 'id')"
+
+# Run before a large batch's binary COPY, in its transaction: reserve $1 ids from the id
+# sequence (spliced in as a literal, {sequence}, so it resolves once, at parse time), read
+# the clock the rows take (created_at, and the schedule: at $2, or now + $3 seconds), and
+# queue the NOTIFY ($4 channel, $5 queue), which fires at COMMIT, once the rows are visible.
+COPY_RESERVE = """
+SELECT now(), COALESCE(CAST($2 AS TIMESTAMPTZ),
+                       now() + CAST($3 AS DOUBLE PRECISION) * INTERVAL '1 second'),
+       ARRAY(SELECT nextval({sequence}) FROM generate_series(1, CAST($1 AS INTEGER))),
+       pg_notify($4, $5)
+"""
+
+# ---- consuming -------------------------------------------------------------------------------
+
+# Acquire up to $2 ready messages of queue $1, highest priority first, then in ready order,
+# leased for $3 seconds, returned with their ready time (times as epoch seconds, JSON as
+# text: decoded once per distinct value).
+# The ready index is in this order, but a scan of it from the start would step over every
+# entry of a higher priority that is not due yet (a retried or delayed message) before the
+# ready ones of lower priorities: 80 ms per acquire behind a million delayed entries. So the
+# priorities present are found first, one index descent each, highest first (``levels``:
+# PostgreSQL has no skip scan before version 18), and each level's ready entries are read
+# as one range, which ends at its first entry not due; the levels are visited only until
+# $2 rows are found. With one priority in use, that is one descent more than a plain scan.
+# The second condition on m.id is for the planner: without it, a ready CTE of a few hundred
+# rows is hash-joined to a sequential scan of the whole backlog; with it, the rows are
+# fetched by primary key.
+ACQUIRE = """
+WITH RECURSIVE levels(p) AS (
+    (SELECT priority FROM {m} WHERE queue = $1 AND next_attempt_at IS NOT NULL
+     ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT priority FROM {m} WHERE queue = $1 AND next_attempt_at IS NOT NULL
+              AND priority < l.p
+            ORDER BY priority DESC LIMIT 1)
+    FROM levels AS l WHERE l.p IS NOT NULL
+), ready AS (
+    SELECT r.id, r.next_attempt_at FROM levels AS l CROSS JOIN LATERAL (
+        SELECT id, next_attempt_at FROM {m}
+        WHERE queue = $1 AND priority = l.p AND next_attempt_at <= now()
+        ORDER BY next_attempt_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) AS r
+    LIMIT $2
+)
+UPDATE {m} AS m SET
+    state = 'PROCESSING',
+    deliveries_count = m.deliveries_count + 1,
+    acquired_at = now(),
+    first_attempt_at = COALESCE(m.first_attempt_at, now()),
+    next_attempt_at = NULL,
+    lease_expires_at = now() + CAST($3 AS DOUBLE PRECISION) * INTERVAL '1 second'
+FROM ready
+WHERE m.id = ready.id AND m.id = ANY(ARRAY(SELECT id FROM ready))
+RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
+    m.deliveries_count, date_part('epoch', m.created_at), date_part('epoch', m.first_attempt_at),
+    date_part('epoch', m.acquired_at), date_part('epoch', m.lease_expires_at),
+    date_part('epoch', ready.next_attempt_at), CAST(m.history AS TEXT), m.priority
+"""
+
+# The same for several queues: $1 is a text array of queue names. Each queue is read as
+# ACQUIRE reads one (LATERAL: its priority levels, then each level's ready range), up to $2
+# rows each; only those, at most $2 per queue, are sorted into one order. A single scan of
+# queue = ANY($1) cannot give that order: it sorted every ready row of the queues on each
+# acquire (400 ms at a million rows). A queue's rows beyond the first $2 overall stay
+# locked only until this statement commits.
+ACQUIRE_QUEUES = """
+WITH ready AS (
+    SELECT r.id, r.next_attempt_at
+    FROM (SELECT DISTINCT name FROM unnest(CAST($1 AS TEXT[])) AS u(name)) AS q
+    CROSS JOIN LATERAL (
+        WITH RECURSIVE levels(p) AS (
+            (SELECT priority FROM {m} WHERE queue = q.name AND next_attempt_at IS NOT NULL
+             ORDER BY priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT priority FROM {m} WHERE queue = q.name AND next_attempt_at IS NOT NULL
+                      AND priority < l.p
+                    ORDER BY priority DESC LIMIT 1)
+            FROM levels AS l WHERE l.p IS NOT NULL
+        )
+        SELECT s.id, s.priority, s.next_attempt_at FROM levels AS l CROSS JOIN LATERAL (
+            SELECT id, priority, next_attempt_at FROM {m}
+            WHERE queue = q.name AND priority = l.p AND next_attempt_at <= now()
+            ORDER BY next_attempt_at, id
+            LIMIT $2
+            FOR UPDATE SKIP LOCKED
+        ) AS s
+        LIMIT $2
+    ) AS r
+    ORDER BY r.priority DESC, r.next_attempt_at, r.id
+    LIMIT $2
+)
+UPDATE {m} AS m SET
+    state = 'PROCESSING',
+    deliveries_count = m.deliveries_count + 1,
+    acquired_at = now(),
+    first_attempt_at = COALESCE(m.first_attempt_at, now()),
+    next_attempt_at = NULL,
+    lease_expires_at = now() + CAST($3 AS DOUBLE PRECISION) * INTERVAL '1 second'
+FROM ready
+WHERE m.id = ready.id AND m.id = ANY(ARRAY(SELECT id FROM ready))
+RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
+    m.deliveries_count, date_part('epoch', m.created_at), date_part('epoch', m.first_attempt_at),
+    date_part('epoch', m.acquired_at), date_part('epoch', m.lease_expires_at),
+    date_part('epoch', ready.next_attempt_at), CAST(m.history AS TEXT), m.priority
+"""
+
+# Settle a batch in one round trip: archive (COMPLETED, FAILED), retry (RETRYABLE after a
+# delay) or release (PENDING now). Every branch is fenced on (id, deliveries, PROCESSING);
+# the ids returned are the writes that landed, anything else was stale.
+# ``locked`` takes the batch's row locks first, all of them (the count is a one-time filter
+# of both writes) and in id order, as EXTEND does: a flush and a lease renewal of the same
+# rows locking them in different orders deadlocked.
+# $1 ids, $2 deliveries, $3 outcomes, $4 errors, $5 delays, $6 refunds, $7 attempted,
+# $8 new histories (NULL: unchanged): array literals, one element per settlement.
+SETTLE = """
+WITH i AS (
+    SELECT * FROM unnest(
+        CAST(CAST($1 AS TEXT) AS BIGINT[]), CAST(CAST($2 AS TEXT) AS INTEGER[]),
+        CAST(CAST($3 AS TEXT) AS TEXT[]), CAST(CAST($4 AS TEXT) AS TEXT[]),
+        CAST(CAST($5 AS TEXT) AS DOUBLE PRECISION[]),
+        CAST(CAST($6 AS TEXT) AS INTEGER[]), CAST(CAST($7 AS TEXT) AS INTEGER[]),
+        CAST(CAST($8 AS TEXT) AS TEXT[])
+    ) AS i(id, deliveries, outcome, error, delay, refund, attempt, history)
+),
+locked AS MATERIALIZED (
+    SELECT id FROM {m} WHERE id = ANY(CAST(CAST($1 AS TEXT) AS BIGINT[]))
+    ORDER BY id FOR UPDATE
+),
+done AS (
+    DELETE FROM {m} AS m USING i
+    WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
+      AND i.outcome IN ('COMPLETED', 'FAILED') AND (SELECT count(*) FROM locked) >= 0
+    RETURNING m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
+        m.created_at, m.first_attempt_at, m.last_attempt_at, m.history AS old_history,
+        m.priority, i.outcome, i.error, i.attempt, i.history AS new_history
+),
+archived AS (
+    INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
+                     created_at, first_attempt_at, last_attempt_at, archived_at, error, history,
+                     priority)
+    SELECT id, queue, headers, payload, outcome, attempts_count + attempt, deliveries_count,
+           created_at, first_attempt_at,
+           CASE WHEN attempt = 1 THEN now() ELSE last_attempt_at END, now(), error,
+           COALESCE(CAST(new_history AS JSONB), old_history), priority
+    FROM done
+    RETURNING id
+),
+moved AS (
+    UPDATE {m} AS m SET
+        state = CASE WHEN i.outcome = 'RETRY' THEN 'RETRYABLE' ELSE 'PENDING' END,
+        attempts_count = m.attempts_count + i.attempt,
+        -- a refunded first delivery (handed back unstarted) leaves no times behind
+        first_attempt_at = CASE WHEN m.deliveries_count = i.refund THEN NULL
+                                ELSE m.first_attempt_at END,
+        acquired_at = CASE WHEN m.deliveries_count = i.refund THEN NULL ELSE m.acquired_at END,
+        deliveries_count = m.deliveries_count - i.refund,
+        last_attempt_at = CASE WHEN i.attempt = 1 THEN now() ELSE m.last_attempt_at END,
+        next_attempt_at = now() + i.delay * INTERVAL '1 second',
+        lease_expires_at = NULL,
+        last_error = COALESCE(i.error, m.last_error),
+        history = COALESCE(CAST(i.history AS JSONB), m.history)
+    FROM i
+    WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
+      AND i.outcome IN ('RETRY', 'RELEASE') AND (SELECT count(*) FROM locked) >= 0
+    RETURNING m.id
+)
+SELECT id FROM archived UNION ALL SELECT id FROM moved
+"""
+
+# Push the leases of held deliveries ($1 ids, $2 deliveries, sorted by id) to now + $3
+# seconds; returns the ids still held. Locks its rows in id order first, as SETTLE does.
+EXTEND = """
+WITH locked AS MATERIALIZED (
+    SELECT id FROM {m} WHERE id = ANY(CAST($1 AS BIGINT[])) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE {m} AS m
+SET lease_expires_at = now() + CAST($3 AS DOUBLE PRECISION) * INTERVAL '1 second'
+FROM unnest(CAST($1 AS BIGINT[]), CAST($2 AS INTEGER[])) AS i(id, deliveries)
+WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
+  AND (SELECT count(*) FROM locked) >= 0
+RETURNING m.id
+"""
+
+# ---- maintenance -----------------------------------------------------------------------------
+
+# One recoverer at a time ($1 the lock's name): held until the recovering transaction ends,
+# so a crashed recoverer cannot keep it. False: another process is recovering.
+RECOVERY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext($1))"
+
+# Return up to $1 messages whose lease expired to PENDING, each ready within $2 seconds at
+# random, recording the expiry in their history (which keeps its newest entries).
+RECOVER_EXPIRED = """
+UPDATE {m} AS m SET
+    state = 'PENDING',
+    next_attempt_at = now() + random() * CAST($2 AS DOUBLE PRECISION) * INTERVAL '1 second',
+    lease_expires_at = NULL,
+    last_error = 'lease expired',
+    history = (
+        SELECT COALESCE(jsonb_agg(e ORDER BY o), '[]'::jsonb) FROM (
+            SELECT e, o FROM jsonb_array_elements(
+                COALESCE(m.history, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                    'delivery', m.deliveries_count, 'ended', 'lease_expired',
+                    'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+                ))
+            ) WITH ORDINALITY AS x(e, o)
+            ORDER BY o DESC LIMIT {history_limit}
+        ) AS kept
+    )
+WHERE m.id IN (
+    SELECT id FROM {m}
+    WHERE lease_expires_at < now() AND state = 'PROCESSING'
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING m.id
+"""
+
+# Concurrent migrators of one prefix ($1) take turns; released at the end of the transaction.
+MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1))"
+
+# ---- session settings --------------------------------------------------------------------------
+
+# Set on the connections acquire and settle run on, so that their plans do not depend on the
+# table's statistics. A new table has none, or those of an empty table, and the planner then
+# reads the whole table on every call: a sequential scan (and a sort), or a bitmap scan of
+# every index entry of the queue, dead ones included. A prepared statement keeps such a
+# generic plan until the first autovacuum ANALYZE, a minute or more into the load (measured:
+# acquire from 0.2 to 400 ms at 67k dead tuples). Without these paths what is left reads the
+# ready index in acquire order and the primary key by id (acquire's second condition on m.id
+# bounds that side whatever the join order). Joins stay free: without hash joins, acquire's
+# join took 30 ms instead of 1.4 for 500 rows. Left open: from an empty table's statistics,
+# settle may still walk the whole primary key index as the outer side of its join.
+INDEX_PLANS_ON = "SET enable_seqscan = off; SET enable_bitmapscan = off"
+
+# Put back before a kept connection returns to the pool, whose other users expect defaults.
+INDEX_PLANS_OFF = "RESET enable_seqscan; RESET enable_bitmapscan"
+
+
+# ---- the Spark source and sink (run by sqlmq/engines/spark/) -------------------------------
+# Table names are filled by ``render(text, names)`` (``str.format``): ``{m}`` message, ``{a}``
+# archive, ``{spark_lease}``, ``{spark_staging}``. Parameters are ``$n``, as in the engine's
+# statements (which the stream's lease embeds): the Spark side runs them on the synchronous
+# driver, psycopg, with its raw cursor, which takes PostgreSQL's own placeholders. Each name
+# exists on every database where the operation does.
+
+# the stream
+
+#: Lease sequence ``$5`` of consumer ``$4``: the engine's own :data:`ACQUIRE` (queue ``$1``,
+#: up to ``$2`` messages, ``$3`` seconds) feeding the lease rows, in one statement: the
+#: messages never travel to the client. Returns ``(id, deliveries, attempts)`` of each
+#: message leased.
+SPARK_LEASE = "WITH acquired AS (" + ACQUIRE + """),
+leased AS (
+    INSERT INTO {spark_lease} (consumer, seq, id, deliveries, attempts)
+    SELECT $4, $5, id, deliveries_count, attempts_count FROM acquired
+    RETURNING id, deliveries, attempts
+)
+SELECT id, deliveries, attempts FROM leased
+"""
+
+#: Acknowledge sequences ``<= $2`` of consumer ``$1``: the engine's settle of
+#: Outcome.COMPLETE (fenced on id, delivery and PROCESSING; one attempt; the history
+#: unchanged), fed by the lease rows it deletes. Returns how many lease rows there were and
+#: how many messages were archived (the others had lost their lease).
+SPARK_ACKNOWLEDGE = """
+WITH l AS (
+    DELETE FROM {spark_lease} WHERE consumer = $1 AND seq <= $2
+    RETURNING id, deliveries
+),
+done AS (
+    DELETE FROM {m} AS m USING l
+    WHERE m.id = l.id AND m.deliveries_count = l.deliveries AND m.state = 'PROCESSING'
+    RETURNING m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
+        m.created_at, m.first_attempt_at, m.history, m.priority
+),
+archived AS (
+    INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
+                     created_at, first_attempt_at, last_attempt_at, archived_at, error, history,
+                     priority)
+    SELECT id, queue, headers, payload, 'COMPLETED', attempts_count + 1, deliveries_count,
+           created_at, first_attempt_at, now(), now(), NULL, history, priority
+    FROM done
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM archived)
+"""
+
+#: The leased messages ``$1`` (an array literal of ids), in the order given. A message is in
+#: exactly one of the two tables in the statement's snapshot (settling moves it in one
+#: statement), so the UNION ALL returns each id once. Headers come as JSON text, timestamps as
+#: integer microseconds since the epoch (Arrow takes those as they are).
+SPARK_READ_LEASED = """
+WITH w AS (SELECT id, o FROM unnest(CAST(CAST($1 AS TEXT) AS BIGINT[])) WITH ORDINALITY
+           AS w(id, o))
+SELECT id, queue, headers, payload, created_at, first_attempt_at, last_attempt_at, error
+FROM (
+    SELECT w.o, m.id, m.queue, CAST(m.headers AS TEXT) AS headers, m.payload,
+        CAST(EXTRACT(EPOCH FROM m.created_at) * 1000000 AS BIGINT) AS created_at,
+        CAST(EXTRACT(EPOCH FROM m.first_attempt_at) * 1000000 AS BIGINT) AS first_attempt_at,
+        CAST(EXTRACT(EPOCH FROM m.last_attempt_at) * 1000000 AS BIGINT) AS last_attempt_at,
+        m.last_error AS error
+    FROM w JOIN {m} AS m ON m.id = w.id
+    UNION ALL
+    SELECT w.o, a.id, a.queue, CAST(a.headers AS TEXT), a.payload,
+        CAST(EXTRACT(EPOCH FROM a.created_at) * 1000000 AS BIGINT),
+        CAST(EXTRACT(EPOCH FROM a.first_attempt_at) * 1000000 AS BIGINT),
+        CAST(EXTRACT(EPOCH FROM a.last_attempt_at) * 1000000 AS BIGINT), a.error
+    FROM w JOIN {a} AS a ON a.id = w.id
+) AS x
+ORDER BY o
+"""
+
+# ---- the sink --------------------------------------------------------------------------------
+
+#: The server's clock as ``timestamptz``'s binary form (microseconds since 2000-01-01), the
+#: ``staged_at`` of a COPY into the staging table.
+SPARK_STAGE_CLOCK = ("SELECT CAST(EXTRACT(EPOCH FROM now() - TIMESTAMPTZ "
+                     "'2000-01-01 00:00:00+00') * 1000000 AS BIGINT)")
+
+#: Staged rows by binary COPY: several times faster than INSERT for the bulk of a write job.
+SPARK_STAGE_COPY = ("COPY {spark_staging} (token, attempt, queue, headers, payload, delay, "
+                    "staged_at, priority) FROM STDIN (FORMAT BINARY)")
+
+#: Before :data:`SPARK_PUBLISH_STAGED`: it sorts the staged rows (payloads and all) by
+#: row_id, in memory rather than in temporary files for a job of a few hundred thousand rows.
+SPARK_PUBLISH_MEMORY = "SET LOCAL work_mem = '256MB'"
+
+#: Publish the rows staged by tokens ``$1`` in attempts ``$2`` (arrays), in the order they
+#: were staged, and wake the queues' subscribers as every publish does: one
+#: ``pg_notify($3, queue)`` per queue (``$3`` the channel), sent when (and only if) the
+#: transaction commits.
+#: Returns how many messages were published.
+SPARK_PUBLISH_STAGED = """
+WITH moved AS (
+    INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+                     created_at, next_attempt_at, priority)
+    SELECT queue, headers, payload, 'PENDING', 0, 0, now(),
+           now() + CAST(delay AS DOUBLE PRECISION) * INTERVAL '1 second', priority
+    FROM {spark_staging}
+    WHERE token = ANY(CAST($1 AS TEXT[])) AND attempt = ANY(CAST($2 AS BIGINT[]))
+    ORDER BY row_id
+    RETURNING queue
+), woken AS MATERIALIZED (
+    SELECT pg_notify($3, queue) FROM (SELECT DISTINCT queue FROM moved) AS q
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM woken)
+"""

@@ -1,0 +1,230 @@
+"""SQLite's statements, ``:name`` parameters (aiosqlite's and SQLAlchemy's own style). Table
+names are filled in once by :func:`sqlmq.engines.sql.render`.
+
+Times are ISO text with six fractional digits (naive UTC), so that values written from
+Python and values computed here compare correctly as text: the clock is
+``(strftime('%Y-%m-%d %H:%M:%f','now')||'000')``, and now + x seconds
+``(strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',x))||'000')``. Every
+transaction is BEGIN IMMEDIATE (see :mod:`sqlmq.connect`): a writer holds the database's
+single write lock from its first statement, so no statement here needs a row lock.
+"""
+
+# ---- publishing ------------------------------------------------------------------------------
+
+# Publish one message, due after :delay seconds, at :priority; commits by itself. The
+# commonest publish, and in one process the first half of publish-to-handler latency.
+INSERT_ONE = """
+INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+                 created_at, next_attempt_at, priority)
+VALUES (:queue, :headers, :payload, 'PENDING', 0, 0,
+        (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
+        (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:delay))||'000'),
+        :priority)
+RETURNING id
+"""
+
+# Publish one message already acquired, for an idle subscriber of this process: the row an
+# acquire would leave, leased for :lease seconds, at :priority. RETURNING may name only the
+# inserted table's columns.
+INSERT_LEASED = """
+INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+                 created_at, first_attempt_at, acquired_at, next_attempt_at, lease_expires_at,
+                 priority)
+VALUES (:queue, :headers, :payload, 'PROCESSING', 0, 1,
+        (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
+        (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
+        (strftime('%Y-%m-%d %H:%M:%f','now')||'000'), NULL,
+        (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:lease))||'000'),
+        :priority)
+RETURNING id, created_at, lease_expires_at
+"""
+
+# ---- consuming -------------------------------------------------------------------------------
+
+# Acquire, step 1: the ids and ready times of up to :limit ready messages of :queue,
+# highest priority first, then in ready order. The ready index is in that order, but read
+# from its start it would step over every entry of a higher priority not due yet (a retried
+# or delayed message), and over every entry not due at all when fewer than :limit are
+# ready: 30 ms behind 100,000 delayed messages. So the priorities present are found first,
+# one index descent each, highest first (``levels``), and each level's ready entries read
+# as one range, which ends at its first entry not due, until :limit rows are found. CROSS
+# JOIN makes ``levels`` the outer loop: the rows come in acquire order without a sort, and
+# the LIMIT stops the walk.
+ACQUIRE_READY = """
+WITH RECURSIVE levels(p) AS (
+    SELECT (SELECT priority FROM {m} WHERE queue = :queue AND next_attempt_at IS NOT NULL
+            ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT priority FROM {m} WHERE queue = :queue AND next_attempt_at IS NOT NULL
+              AND priority < levels.p
+            ORDER BY priority DESC LIMIT 1)
+    FROM levels WHERE levels.p IS NOT NULL
+)
+SELECT m.id, m.next_attempt_at AS scheduled_at FROM levels CROSS JOIN {m} AS m
+WHERE m.queue = :queue AND m.priority = levels.p
+  AND m.next_attempt_at <= (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
+LIMIT :limit
+"""
+
+# The same for several queues (:queues, a JSON array): each queue's priority levels, each
+# level's ready range (so entries not due are still never read), then one sort of every
+# ready row of those queues, on each acquire; so one queue goes by ACQUIRE_READY.
+ACQUIRE_READY_QUEUES = """
+WITH RECURSIVE levels(name, p) AS (
+    SELECT q.name, (SELECT priority FROM {m} WHERE queue = q.name AND next_attempt_at IS NOT NULL
+                    ORDER BY priority DESC LIMIT 1)
+    FROM (SELECT DISTINCT value AS name FROM json_each(:queues)) AS q
+    UNION ALL
+    SELECT levels.name, (SELECT priority FROM {m} WHERE queue = levels.name
+                           AND next_attempt_at IS NOT NULL AND priority < levels.p
+                         ORDER BY priority DESC LIMIT 1)
+    FROM levels WHERE levels.p IS NOT NULL
+)
+SELECT m.id, m.next_attempt_at AS scheduled_at FROM levels CROSS JOIN {m} AS m
+WHERE m.queue = levels.name AND m.priority = levels.p
+  AND m.next_attempt_at <= (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
+ORDER BY m.priority DESC, m.next_attempt_at, m.id
+LIMIT :limit
+"""
+
+# Acquire, step 2, in the same transaction: mark :ids (a JSON array) PROCESSING, leased for
+# :lease seconds, and return them.
+ACQUIRE_TAKE = """
+UPDATE {m} SET
+    state = 'PROCESSING',
+    deliveries_count = deliveries_count + 1,
+    acquired_at = (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
+    first_attempt_at = COALESCE(first_attempt_at, (strftime('%Y-%m-%d %H:%M:%f','now')||'000')),
+    next_attempt_at = NULL,
+    lease_expires_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:lease))||'000')
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created_at,
+    first_attempt_at, acquired_at, lease_expires_at, NULL AS scheduled_at, history, priority
+"""
+
+# Settle, in one transaction. The batch :input is one JSON array of [id, deliveries,
+# outcome, error, delay, refund, attempted, history] per settlement (see
+# SqlEngine.settlement_json). Every statement is fenced on (id, deliveries, PROCESSING).
+
+# Copy the batch's COMPLETED and FAILED rows to the archive.
+SETTLE_ARCHIVE = """
+WITH i AS (
+    SELECT value->>0 AS id, value->>1 AS deliveries, value->>2 AS outcome, value->>3 AS error,
+           value->>4 AS delay, value->>5 AS refund, value->>6 AS attempt, value->>7 AS history
+    FROM json_each(:input)
+)
+INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
+                 created_at, first_attempt_at, last_attempt_at, archived_at, error, history,
+                 priority)
+SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.attempt,
+       m.deliveries_count, m.created_at, m.first_attempt_at,
+       CASE WHEN i.attempt = 1 THEN (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
+            ELSE m.last_attempt_at END,
+       (strftime('%Y-%m-%d %H:%M:%f','now')||'000'), i.error, COALESCE(i.history, m.history),
+       m.priority
+FROM i JOIN {m} AS m ON m.id = i.id AND m.deliveries_count = i.deliveries
+WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
+"""
+
+# Delete the rows just archived (BEGIN IMMEDIATE holds every other writer off, so these are
+# exactly those rows); returns the ids that landed.
+SETTLE_DELETE = """
+WITH i AS (
+    SELECT value->>0 AS id, value->>1 AS deliveries, value->>2 AS outcome, value->>3 AS error,
+           value->>4 AS delay, value->>5 AS refund, value->>6 AS attempt, value->>7 AS history
+    FROM json_each(:input)
+)
+DELETE FROM {m} WHERE id IN (
+    SELECT m.id FROM i JOIN {m} AS m ON m.id = i.id AND m.deliveries_count = i.deliveries
+    WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
+)
+RETURNING id
+"""
+
+# Put the batch's RETRY rows back as RETRYABLE after their delay, its RELEASE rows as
+# PENDING (a refunded first delivery leaves no times behind); returns the ids that landed.
+SETTLE_UPDATE = """
+WITH i AS (
+    SELECT value->>0 AS id, value->>1 AS deliveries, value->>2 AS outcome, value->>3 AS error,
+           value->>4 AS delay, value->>5 AS refund, value->>6 AS attempt, value->>7 AS history
+    FROM json_each(:input)
+)
+UPDATE {m} AS m SET
+    state = CASE WHEN i.outcome = 'RETRY' THEN 'RETRYABLE' ELSE 'PENDING' END,
+    attempts_count = m.attempts_count + i.attempt,
+    first_attempt_at = CASE WHEN m.deliveries_count = i.refund THEN NULL
+                            ELSE m.first_attempt_at END,
+    acquired_at = CASE WHEN m.deliveries_count = i.refund THEN NULL ELSE m.acquired_at END,
+    deliveries_count = m.deliveries_count - i.refund,
+    last_attempt_at = CASE WHEN i.attempt = 1 THEN (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
+                           ELSE m.last_attempt_at END,
+    next_attempt_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',i.delay))||'000'),
+    lease_expires_at = NULL,
+    last_error = COALESCE(i.error, m.last_error),
+    history = COALESCE(i.history, m.history)
+FROM i
+WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
+  AND i.outcome IN ('RETRY', 'RELEASE')
+RETURNING id
+"""
+
+# Push the leases of held deliveries (:leases, a JSON array of [id, deliveries]) to now +
+# :seconds; returns the ids still held.
+EXTEND = """
+UPDATE {m} AS m
+SET lease_expires_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:seconds))||'000')
+FROM (SELECT value->>0 AS id, value->>1 AS deliveries FROM json_each(:leases)) AS i
+WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
+RETURNING id
+"""
+
+# ---- maintenance -----------------------------------------------------------------------------
+
+# Return up to :limit messages whose lease expired to PENDING, each ready within :spread
+# seconds at random, recording the expiry in their history (which keeps its newest
+# entries). BEGIN IMMEDIATE already makes recoverers take turns.
+RECOVER_EXPIRED = """
+UPDATE {m} SET
+    state = 'PENDING',
+    next_attempt_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',
+        (abs(random()) % 1000000) / 1000000.0 * :spread))||'000'),
+    lease_expires_at = NULL,
+    last_error = 'lease expired',
+    history = CASE
+        WHEN json_array_length(json_insert(COALESCE(history, '[]'), '$[#]', json_object(
+            'delivery', deliveries_count, 'ended', 'lease_expired',
+            'at', strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')))) > {history_limit}
+        THEN json_remove(json_insert(COALESCE(history, '[]'), '$[#]', json_object(
+            'delivery', deliveries_count, 'ended', 'lease_expired',
+            'at', strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now'))), '$[0]')
+        ELSE json_insert(COALESCE(history, '[]'), '$[#]', json_object(
+            'delivery', deliveries_count, 'ended', 'lease_expired',
+            'at', strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')))
+    END
+WHERE id IN (
+    SELECT id FROM {m}
+    WHERE lease_expires_at < (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
+      AND state = 'PROCESSING'
+    ORDER BY lease_expires_at
+    LIMIT :limit
+)
+RETURNING id
+"""
+
+# The database file's commit counter: changes whenever any connection commits a write.
+DATA_VERSION = "PRAGMA data_version"
+
+
+# ---- the Spark source and sink (run by sqlmq/engines/spark/) -------------------------------
+# Table names are filled by ``render(text, names)`` (``str.format``): ``{spark_lease}``.
+# Parameters are the driver's ``:name``. The stream acquires with the engine's own ready and
+# take statements inside its write transaction (BEGIN IMMEDIATE), which return the taken rows;
+# the sink needs nothing of its own here: it publishes with SQLAlchemy Core, the same on
+# every database but PostgreSQL.
+
+#: Record one message just taken as part of lease sequence ``:seq`` of ``:consumer`` (sent
+#: once for all of them, as an executemany).
+SPARK_RECORD_LEASE = """
+INSERT INTO {spark_lease} (consumer, seq, id, deliveries, attempts)
+VALUES (:consumer, :seq, :id, :deliveries, :attempts)
+"""

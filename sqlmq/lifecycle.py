@@ -1,0 +1,319 @@
+"""The message lifecycle, written once: its states, and :func:`decide`, which turns what
+became of one delivery into the settlement a flush writes.
+
+::
+
+    PENDING ──acquire──▶ PROCESSING ──ack──────────────▶ COMPLETED (archive)
+       ▲                    │  │ ──reject / no retries──▶ FAILED    (archive)
+       │                    │  └──nack, retry allowed──▶ RETRYABLE ──acquire──▶ PROCESSING
+       └──lease expired / released on stop──┘
+
+PENDING, PROCESSING and RETRYABLE rows live in the message table; COMPLETED and FAILED
+rows are moved to the archive in the same transaction that deletes them. ``docs/lifecycle.md``
+draws every transition and names the :class:`Ending` that leads to each.
+
+:func:`decide` is pure: no I/O, no clock, no logging (the runtime logs). The only code it
+calls that is not its own is the subscriber's retry strategy. It lives here, below the
+records and the message, so that nothing it needs imports the runtime.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum, StrEnum
+from typing import Any, Literal, Protocol
+
+from .retry import RetryStrategy, delay_seconds
+
+
+class State(StrEnum):
+    PENDING = "PENDING"
+    PROCESSING = "PROCESSING"
+    RETRYABLE = "RETRYABLE"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+class AckPolicy(StrEnum):
+    """What a handler's return or exception means when it did not settle by hand.
+
+    ``ACK``: archive COMPLETED whatever happened (the error, if any, is recorded).
+    ``NACK_ON_ERROR`` (default): an exception is a nack, so the retry strategy decides.
+    ``REJECT_ON_ERROR``: an exception archives the message FAILED at once.
+    ``MANUAL``: the handler calls ``msg.ack()``/``nack()``/``reject()``; returning or
+    raising without doing so is treated as a nack, with a warning.
+    """
+
+    ACK = "ACK"
+    NACK_ON_ERROR = "NACK_ON_ERROR"
+    REJECT_ON_ERROR = "REJECT_ON_ERROR"
+    MANUAL = "MANUAL"
+
+
+class Outcome(StrEnum):
+    """What a flush writes for one delivery."""
+
+    COMPLETE = State.COMPLETED.value  # archive as COMPLETED
+    FAIL = State.FAILED.value  # archive as FAILED
+    RETRY = "RETRY"  # back to the table as RETRYABLE, after a delay
+    RELEASE = "RELEASE"  # back to PENDING, no attempt counted (stop, quarantine, a fault)
+
+    @property
+    def archives(self) -> bool:
+        """Whether the settle moves the row to the archive (the engines' ``landed`` looks
+        for it there)."""
+        return self in (Outcome.COMPLETE, Outcome.FAIL)
+
+
+class Ending(Enum):
+    """What became of one delivery, as the runtime saw it: the input of :func:`decide`."""
+
+    #: The handler ran: it returned, or raised ``error``; it may have decided by hand.
+    HANDLED = "handled"
+    #: The handler's argument could not be decoded from the payload (a ``DecodeError``
+    #: before any manual decision): archived FAILED, not counted as an attempt.
+    UNDECODABLE_BODY = "undecodable body"
+    #: The engine could not decode the row itself (``Delivery.defect``): archived FAILED
+    #: without running; its history stays as stored (it may be the column at fault).
+    UNDECODABLE_ROW = "undecodable row"
+    #: The delivery's number is over ``max_deliveries``: archived FAILED without running.
+    MAX_DELIVERIES = "max deliveries"
+    #: Never started (a stop, or a suspect that must run alone): back to PENDING at once,
+    #: the delivery refunded.
+    UNSTARTED = "unstarted"
+    #: Cut short by a fault of sqlmq's own or a worker cancelled from outside (``error``):
+    #: back to PENDING after ``ABANDON_DELAY``, the delivery spent.
+    ABANDONED = "abandoned"
+    #: Still running when a stop's graceful timeout ran out: back to PENDING at once.
+    CUT_SHORT = "cut short"
+
+
+class Decision:
+    """A handler's manual settlement of its message (``msg.ack()``, ``nack()``, ``reject()``)."""
+
+    __slots__ = ("delay", "kind", "reason")
+
+    def __init__(self, kind: str, delay: float | None = None, reason: str | None = None):
+        self.kind = kind  # "ack" | "nack" | "reject"
+        self.delay = delay
+        self.reason = reason
+
+
+class Delivered(Protocol):
+    """What :func:`decide` reads of a delivery (:class:`sqlmq.records.Delivery` has it)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def deliveries(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def history(self) -> list[dict[str, Any]]: ...
+    @property
+    def defect(self) -> str | None: ...
+
+
+class Policy(Protocol):
+    """What :func:`decide` reads of a subscriber (:class:`sqlmq.subscriber.SubscriberConfig`
+    has it; ``max_deliveries`` is resolved from ``"auto"`` by then)."""
+
+    @property
+    def ack_policy(self) -> AckPolicy: ...
+    @property
+    def retry(self) -> RetryStrategy: ...
+    @property
+    def max_deliveries(self) -> int | Literal["auto"] | None: ...
+
+
+#: How many past delivery endings a message keeps (newest last).
+HISTORY_LIMIT = 10
+
+#: How much of a handler's traceback the archive keeps (its last lines: where it failed).
+TRACEBACK_LIMIT = 4096
+
+#: Seconds before a delivery given back after a fault of the runtime may run again: a fault
+#: that repeats then costs a delivery a second rather than spinning.
+ABANDON_DELAY = 1.0
+
+
+@dataclass(slots=True)  # not frozen: frozen dataclasses are built 4x slower, batches feel it
+class Settlement:
+    """The result of one delivery, waiting to be flushed. Treat it as immutable."""
+
+    id: int
+    deliveries: int
+    outcome: Outcome
+    error: str | None = None
+    delay: float = 0.0  # for RETRY
+    refund: bool = False  # for RELEASE: the delivery never started, give it back
+    attempted: bool = True  # the handler ran: counts as an attempt
+    history: list[dict[str, Any]] | None = None  # the new history, when it changed
+
+
+def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
+           decision: Decision | None = None, ending: Ending = Ending.HANDLED) -> Settlement:
+    """The settlement that follows ``ending`` of delivery ``d`` under ``policy``.
+
+    ``error`` is what the handler raised (or, for ``ABANDONED``, the fault), ``decision``
+    its manual ack/nack/reject. The history entries written here carry no ``at``: the
+    database's settle keeps the time of the row it writes, and the runtime never reads the
+    clock. Pure apart from the retry strategy, which is the subscriber's own."""
+    if ending is Ending.HANDLED:
+        if decision is None:
+            if error is None:
+                if policy.ack_policy is AckPolicy.MANUAL:
+                    return _nack(d, policy, None, None,
+                                 "returned without ack/nack/reject (MANUAL)")
+                return Settlement(d.id, d.deliveries, Outcome.COMPLETE)
+            if policy.ack_policy is AckPolicy.ACK:
+                return _complete(d, error)
+            if policy.ack_policy is AckPolicy.REJECT_ON_ERROR:
+                return _fail(d, failure_text(error), "error")
+            return _nack(d, policy, error, None)
+        if decision.kind == "ack":
+            return _complete(d, error)
+        if decision.kind == "reject":
+            reason = storable(decision.reason or (failure_text(error) if error else "rejected"))
+            return _fail(d, reason, "rejected")
+        return _nack(d, policy, error, decision.delay)
+    return _UNHANDLED[ending](d, policy, error)
+
+
+def unrunnable(d: Delivered, policy: Policy) -> Ending | None:
+    """Why ``d`` must end without its handler running (``UNDECODABLE_ROW``,
+    ``MAX_DELIVERIES``), or None: run it."""
+    if d.defect is not None:
+        return Ending.UNDECODABLE_ROW
+    limit = policy.max_deliveries  # exceeds_max_deliveries(), inlined: once per message
+    if limit is not None and d.deliveries > limit:  # type: ignore[operator]
+        return Ending.MAX_DELIVERIES
+    return None
+
+
+def exceeds_max_deliveries(d: Delivered, policy: Policy) -> bool:
+    """A message that kills its process never produces a result; only this stops it."""
+    limit = policy.max_deliveries
+    return limit is not None and d.deliveries > limit  # type: ignore[operator]
+
+
+def _complete(d: Delivered, error: BaseException | None) -> Settlement:
+    return Settlement(d.id, d.deliveries, Outcome.COMPLETE,
+                      error=failure_text(error) if error else None)
+
+
+def _fail(d: Delivered, reason: str, ended: str, attempted: bool = True) -> Settlement:
+    history = append_history(d.history, history_entry(d.deliveries, ended, error=reason))
+    return Settlement(d.id, d.deliveries, Outcome.FAIL, error=reason, attempted=attempted,
+                      history=history)
+
+
+def _nack(d: Delivered, policy: Policy, error: BaseException | None, delay: float | None,
+          reason: str | None = None) -> Settlement:
+    reason = reason or (failure_text(error) if error else "nacked")
+    attempt = d.attempts + 1
+    try:
+        allowed = delay_seconds(policy.retry, attempt, error)
+    except Exception as exc:
+        return _fail(d, f"retry strategy failed ({error_text(exc)}); last error: {reason}",
+                     "error")
+    if allowed is None:
+        return _fail(d, f"retries exhausted after {attempt} attempt(s): {reason}",
+                     "error" if error else "nacked")
+    history = append_history(
+        d.history, history_entry(d.deliveries, "error" if error else "nacked", error=reason)
+    )
+    return Settlement(d.id, d.deliveries, Outcome.RETRY, error=reason,
+                      delay=allowed if delay is None else delay, history=history)
+
+
+def _undecodable_body(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
+    return _fail(d, f"decode error: {error}", "decode_error", attempted=False)
+
+
+def _undecodable_row(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
+    # Its history stays as stored (it may be the column at fault): nothing is rewritten.
+    return Settlement(d.id, d.deliveries, Outcome.FAIL,
+                      error=storable(d.defect or "undecodable row"), attempted=False)
+
+
+def _max_deliveries(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
+    reason = f"max deliveries exceeded ({d.deliveries} > {policy.max_deliveries})"
+    return _fail(d, reason, "max_deliveries", attempted=False)
+
+
+def _unstarted(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
+    return Settlement(d.id, d.deliveries, Outcome.RELEASE, refund=True, attempted=False)
+
+
+def _abandoned(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
+    reason = (f"sqlmq failed handling it: {error_text(error)}" if isinstance(error, Exception)
+              else "its worker was cancelled")
+    return Settlement(d.id, d.deliveries, Outcome.RELEASE, error=reason, delay=ABANDON_DELAY,
+                      attempted=False)
+
+
+def _cut_short(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
+    return Settlement(d.id, d.deliveries, Outcome.RELEASE, error="cancelled on shutdown",
+                      attempted=False)
+
+
+_UNHANDLED = {
+    Ending.UNDECODABLE_BODY: _undecodable_body,
+    Ending.UNDECODABLE_ROW: _undecodable_row,
+    Ending.MAX_DELIVERIES: _max_deliveries,
+    Ending.UNSTARTED: _unstarted,
+    Ending.ABANDONED: _abandoned,
+    Ending.CUT_SHORT: _cut_short,
+}
+
+
+# ---- history -------------------------------------------------------------------------------
+
+
+def history_entry(
+    delivery: int, ended: str, at: datetime | None = None, error: str | None = None
+) -> dict[str, Any]:
+    """One ending for a message's ``history``; ``at`` only where the caller has the
+    database's time."""
+    entry: dict[str, Any] = {"delivery": delivery, "ended": ended}
+    if at is not None:
+        entry["at"] = at.isoformat()
+    if error:  # its first line: a handler's traceback stays in the error column only
+        entry["error"] = error.split("\n", 1)[0][:500]
+    return entry
+
+
+def append_history(history: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*history, entry][-HISTORY_LIMIT:]
+
+
+# ---- error text ----------------------------------------------------------------------------
+
+
+def error_text(exc: BaseException) -> str:
+    """One line naming the error. ``str()`` of a user's exception may itself fail: that
+    must not take the worker down with it."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the exception failed>"
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return storable(text[:2000])
+
+
+def failure_text(exc: BaseException) -> str:
+    """What a failed handler leaves in the error column: the one line of :func:`error_text`,
+    then the traceback, bounded to its last ``TRACEBACK_LIMIT`` characters."""
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    if len(trace) > TRACEBACK_LIMIT:
+        trace = "…" + trace[-TRACEBACK_LIMIT:]
+    return f"{error_text(exc)}\n\n{storable(trace)}"
+
+
+def storable(text: str) -> str:
+    """Text every database accepts in a column and in JSON. A NUL or a lone surrogate in one
+    handler's error would otherwise fail every flush of its batch, forever."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")

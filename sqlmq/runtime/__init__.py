@@ -1,0 +1,119 @@
+"""The subscriber runtime: small services that move messages between the database and a
+subscriber's handler, composed by :class:`SubscriberRuntime`.
+
+* :class:`~.fetcher.Fetcher` acquires batches into a bounded prefetch buffer, polling
+  adaptively and woken at once by in-process publishes (and NOTIFY on PostgreSQL), and
+  takes deliveries a publish hands over;
+* :class:`~.workers.Workers` run the handler and turn what happened into a settlement
+  (:func:`sqlmq.lifecycle.decide`);
+* :class:`~.flusher.Flusher` writes settlements in batches, one engine call per batch,
+  retried until it lands;
+* :class:`~.leases.LeaseKeeper` extends the lease of every delivery still held;
+* :class:`~.quarantine.Quarantine` runs a suspect (perhaps a poison message) alone.
+
+Nothing here holds a transaction while a handler runs. Memory is bounded by ``prefetch``
+plus ``max_unflushed``: when flushing keeps failing, workers wait and fetching stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..lifecycle import TRACEBACK_LIMIT, Ending, decide
+from ..records import Delivery
+from ..subscriber import Subscriber
+from .counters import RuntimeCounters
+from .fetcher import Fetcher
+from .flusher import Flusher
+from .leases import Holdings, LeaseKeeper
+from .quarantine import QUARANTINE_AFTER, Quarantine
+from .workers import Workers
+
+if TYPE_CHECKING:
+    from ..engines.contract import Engine
+
+__all__ = ["QUARANTINE_AFTER", "TRACEBACK_LIMIT", "RuntimeCounters", "SubscriberRuntime"]
+
+log = logging.getLogger("sqlmq")
+
+
+class SubscriberRuntime:
+    """One subscriber at work: its services, wired together, started and stopped in order."""
+
+    def __init__(self, engine: Engine, subscriber: Subscriber, wakeup: asyncio.Event) -> None:
+        self.engine = engine
+        self.subscriber = subscriber
+        self.cfg = cfg = subscriber.config
+        self.adapter = subscriber.adapter
+        self.counters = RuntimeCounters()
+        self.holdings = Holdings()
+        # The two signals between services: the gate a quarantine closes (the fetcher waits
+        # on it, workers hand deliveries back while it is closed) and room, set whenever the
+        # fetcher may go on (a worker took from the buffer, results were written).
+        gate, room = asyncio.Event(), asyncio.Event()
+        gate.set()
+        self.flusher = Flusher(engine, cfg, self.counters, self.holdings, room.set)
+        self.fetcher = Fetcher(engine, cfg, self.counters, self.holdings, self.flusher.results,
+                               gate, room, wakeup)
+        self.leases = LeaseKeeper(engine, cfg, self.counters, self.holdings,
+                                  self.flusher.results)
+        self.quarantine = Quarantine(cfg, self.fetcher.buffer, self.flusher, gate, room.set)
+        self.workers = Workers(cfg, self.adapter, self.name, self.fetcher.buffer, room.set,
+                               self.holdings, self.leases, self.flusher, self.quarantine)
+
+    @property
+    def name(self) -> str:
+        return f"{self.adapter.name}@{','.join(self.cfg.queues)}"
+
+    @property
+    def running(self) -> int:
+        """Handlers in flight."""
+        return self.workers.running
+
+    @property
+    def buffered(self) -> int:
+        """Fetched messages not started yet (a stop gives them back)."""
+        return self.fetcher.buffer.qsize()
+
+    def start(self) -> None:
+        self.fetcher.start(self.name)
+        self.workers.start()
+        self.flusher.start(self.name)
+        self.leases.start(self.name)
+
+    def takes_direct(self, queue: str) -> bool:
+        """Whether a message published to ``queue`` in this process may come straight here,
+        written already acquired, instead of waiting for the next acquire: only while this
+        subscriber has nothing else to do (no ready backlog seen, nothing buffered, a worker
+        free), so the message overtakes nothing it would otherwise have waited behind."""
+        return (self.fetcher.idle_for(queue) and self.workers.running < self.cfg.workers
+                and not self.flusher.full)
+
+    def hand_over(self, d: Delivery) -> bool:
+        """Run a delivery acquired on this subscriber's behalf. False once stopping: the
+        caller then gives it back."""
+        return self.fetcher.hand_over(d)
+
+    async def stop(self, graceful_timeout: float | None = None) -> None:
+        """Stop fetching, give unstarted messages back, let running handlers finish within
+        ``graceful_timeout``, then flush everything."""
+        timeout = self.cfg.graceful_timeout if graceful_timeout is None else graceful_timeout
+        for service in (self.fetcher, self.workers, self.flusher, self.leases):
+            service.stopping = True
+        self.quarantine.gate.set()
+        for d in await self.fetcher.stop(max(timeout, 5)):
+            self.flusher.add(decide(d, self.cfg, ending=Ending.UNSTARTED))
+        await self.workers.stop(timeout)
+        # Whatever is still held without a result was cut short: give it back now rather
+        # than leaving it to lease expiry.
+        settled = {(s.id, s.deliveries) for s in self.flusher.results}
+        for key, d in self.holdings.held.items():
+            if key not in settled:
+                self.flusher.add(decide(d, self.cfg, ending=Ending.CUT_SHORT))
+        await self.flusher.stop(max(timeout, 5.0))
+        if self.flusher.results:
+            log.error("%s stopped with %d unflushed results; their leases will expire and the "
+                      "messages will be delivered again", self.name, len(self.flusher.results))
+        await self.leases.stop()

@@ -1,0 +1,17 @@
+"""What a subscriber's runtime has done so far, for ``Broker`` insights and tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RuntimeCounters:
+    acquired: int = 0
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    released: int = 0
+    stale: int = 0  # settlements dropped because the delivery was no longer ours
+    lost_leases: int = 0
+    unwritable: int = 0  # results the database refused although it answered (see Flusher)

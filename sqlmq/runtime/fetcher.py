@@ -1,0 +1,165 @@
+"""The fetcher: fills a subscriber's prefetch buffer from the database and from hand-overs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..backoff import Backoff
+from ..lifecycle import Settlement
+from ..records import Delivery
+from ..tasks import cancel_and_wait, loop_task
+from .counters import RuntimeCounters
+from .leases import Holdings
+
+if TYPE_CHECKING:
+    from ..engines.contract import Engine
+    from ..subscriber import SubscriberConfig
+
+#: How often a subscriber waiting for work reads the engine's commit counter (SQLite: 4 µs
+#: a look, but each timer wake-up costs a VM 200-300 µs of CPU): every 5 ms while work came
+#: recently, slowing to every 50 ms after a second or so without any.
+COMMIT_WATCH_INTERVAL = 0.005
+COMMIT_WATCH_IDLE = 0.05
+
+
+class Fetcher:
+    """Acquires batches into the buffer while it and the unflushed results have room,
+    polling adaptively (at once while batches come back full, backing off to
+    ``max_fetch_interval`` when idle), woken by this process's publishes and, where the
+    engine has one, its commit counter; and takes deliveries handed over by a publish."""
+
+    def __init__(self, engine: Engine, cfg: SubscriberConfig, counters: RuntimeCounters,
+                 holdings: Holdings, results: list[Settlement], gate: asyncio.Event,
+                 room: asyncio.Event, wakeup: asyncio.Event) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.counters = counters
+        self.held = holdings.held
+        self._results = results  # the flusher's: fetching stops while max_unflushed wait
+        self._gate = gate  # cleared while a suspect runs in quarantine
+        self.wakeup = wakeup  # set by this process's publishes (and NOTIFY)
+        #: Fetched deliveries not started yet; ``None`` tells a worker to end.
+        self.buffer: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        #: Set whenever room may have appeared: a worker took from the buffer, results were
+        #: written, a quarantine ended, a stop began.
+        self.room = room
+        self.caught_up = False  # the last acquire found fewer ready messages than it asked
+        self._last_work = 0.0  # loop time of the last acquire that found work
+        self.stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, name: str) -> None:
+        self._task = loop_task(self._run, f"sqlmq-fetch {name}", lambda: self.stopping)
+
+    async def stop(self, patience: float) -> list[Delivery]:
+        """Stop fetching and return the buffered deliveries, never started. An acquire in
+        progress may finish (within ``patience`` seconds): cancelled mid-statement, it could commit
+        on the server and strand its messages until their lease expires."""
+        self.stopping = True
+        self.wakeup.set()
+        self.room.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=patience)
+            except TimeoutError:
+                await cancel_and_wait(self._task)
+        unstarted = []
+        while not self.buffer.empty():
+            d = self.buffer.get_nowait()
+            if d is not None:
+                unstarted.append(d)
+        return unstarted
+
+    async def _run(self) -> None:
+        cfg = self.cfg
+        backoff = Backoff(f"fetch for {','.join(cfg.queues)}")
+        idle = 0.0
+        commits = self.engine.commit_counter()
+        seen: int | None = None
+        held, buffer, results, gate, room = (self.held, self.buffer, self._results, self._gate,
+                                             self.room)
+        while not self.stopping:
+            if not gate.is_set():
+                await gate.wait()
+                continue
+            free = cfg.prefetch - buffer.qsize()  # type: ignore[operator]
+            if free <= 0 or len(results) >= cfg.max_unflushed:
+                room.clear()
+                await room.wait()
+                continue
+            limit = min(cfg.fetch_batch, free)
+            if commits is not None:  # read before the acquire: a commit after it is news
+                seen = commits()
+            try:
+                batch = await self.engine.acquire(cfg.queues, limit, cfg.lease)
+            except Exception as exc:
+                await backoff.failed(exc)
+                continue
+            backoff.succeeded()
+            for d in batch:
+                held[(d.id, d.deliveries)] = d
+                buffer.put_nowait(d)
+            self.counters.acquired += len(batch)
+            self.caught_up = len(batch) < limit
+            if batch:
+                self._last_work = asyncio.get_running_loop().time()
+            idle, wait = _next_poll(cfg, idle, len(batch), limit)
+            if wait > 0:
+                await self._wait_for_work(wait, commits, seen)
+            else:
+                await asyncio.sleep(0)
+            if self.wakeup.is_set():
+                # Work is on its way; it may not be visible yet (a wake-up from a caller's
+                # commit can arrive just before the commit does): poll fast again.
+                idle = 0.0
+                self.wakeup.clear()
+
+    async def _wait_for_work(self, wait: float, commits: Callable[[], int | None] | None,
+                             seen: int | None) -> None:
+        """Up to ``wait`` seconds, until a wake-up from this process or, where the engine
+        has a commit counter (SQLite), until it moves: some connection committed, most
+        likely another process's publish. Without it, work from another process waits for
+        the poll, which backs off to ``max_fetch_interval`` while the queue is idle."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        step = wait if commits is None else min(
+            COMMIT_WATCH_IDLE, max(COMMIT_WATCH_INTERVAL, (now - self._last_work) / 20))
+        deadline = now + wait
+        while (left := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait_for(self.wakeup.wait(), min(left, step))
+                return
+            except TimeoutError:
+                pass
+            if commits is not None and commits() != seen:
+                return
+
+    def idle_for(self, queue: str) -> bool:
+        """Whether this fetcher has nothing to do for ``queue``: its last acquire found no
+        backlog, nothing is buffered, it is neither stopping nor held by a quarantine."""
+        return (self.caught_up and not self.stopping and self._gate.is_set()
+                and queue in self.cfg.queues and self.buffer.empty())
+
+    def hand_over(self, d: Delivery) -> bool:
+        """Buffer a delivery acquired on this subscriber's behalf by a publish. False once
+        stopping: the caller then gives it back."""
+        if self.stopping:
+            return False
+        self.held[(d.id, d.deliveries)] = d
+        self.buffer.put_nowait(d)
+        self.counters.acquired += 1
+        return True
+
+
+def _next_poll(cfg: SubscriberConfig, idle: float, got: int, limit: int) -> tuple[float, float]:
+    """The idle backoff and the wait before the next acquire, after one that found ``got``
+    of ``limit``: none while batches come back full, 10 ms after a partial one, doubling
+    towards ``max_fetch_interval`` while nothing is ready."""
+    if got >= limit:
+        return 0.0, cfg.min_fetch_interval
+    if got:
+        return 0.0, max(cfg.min_fetch_interval, min(0.01, cfg.max_fetch_interval))
+    idle = min(cfg.max_fetch_interval, max(idle * 2, 0.005))
+    return idle, idle

@@ -1,0 +1,99 @@
+"""The deliveries a subscriber holds, and the lease keeper that keeps their leases."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..backoff import Backoff, describe
+from ..lifecycle import Settlement
+from ..records import Delivery
+from ..tasks import cancel_and_wait, loop_task
+from .counters import RuntimeCounters
+
+if TYPE_CHECKING:
+    from ..engines.contract import Engine
+    from ..subscriber import SubscriberConfig
+
+log = logging.getLogger("sqlmq")
+
+Key = tuple[int, int]  # (id, deliveries): one delivery, its fencing token
+
+#: Leases extended by one statement.
+EXTEND_CHUNK = 1000
+
+
+class Holdings:
+    """Every delivery this subscriber holds (buffered, running or waiting to be flushed) by
+    its key, and the keys whose lease was found lost. The fetcher adds, the flusher removes
+    once a result is written or given up, the lease keeper reads and marks losses, a worker
+    skips a lost one. Plain containers, shared: the hot path adds no call."""
+
+    __slots__ = ("held", "lost")
+
+    def __init__(self) -> None:
+        self.held: dict[Key, Delivery] = {}
+        self.lost: set[Key] = set()
+
+
+class LeaseKeeper:
+    """Keeps the leases of the deliveries held: every ``lease / 3`` seconds it extends them
+    all, a statement per thousand; and it extends one when a handler asks
+    (:class:`sqlmq.message.LeaseHandle`)."""
+
+    def __init__(self, engine: Engine, cfg: SubscriberConfig, counters: RuntimeCounters,
+                 holdings: Holdings, settling: list[Settlement]) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.counters = counters
+        self.holdings = holdings
+        #: Results waiting to be flushed (the flusher's list): a delivery among them that
+        #: the engine no longer extends was settled meanwhile, not lost.
+        self._settling = settling
+        self.stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, name: str) -> None:
+        if self.cfg.renew_leases:
+            self._task = loop_task(self._run, f"sqlmq-lease {name}", lambda: self.stopping)
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+
+    async def _run(self) -> None:
+        backoff = Backoff(f"lease renewal for {','.join(self.cfg.queues)}")
+        while True:
+            await asyncio.sleep(self.cfg.lease / 3)
+            try:
+                await self.renew()
+            except Exception as exc:
+                await backoff.failed(exc)
+            else:
+                backoff.succeeded()
+
+    async def renew(self) -> None:
+        """Extend every held lease; a lease the engine did not extend is lost."""
+        held, lost = self.holdings.held, self.holdings.lost
+        keys = list(held)
+        for start in range(0, len(keys), EXTEND_CHUNK):
+            chunk = keys[start : start + EXTEND_CHUNK]
+            kept = await self.engine.extend(chunk, self.cfg.lease)
+            # A delivery whose result is already being flushed may have been archived in the
+            # meantime: missing from ``kept`` then means settled, not lost.
+            finished = {(s.id, s.deliveries) for s in self._settling}
+            for key in chunk:
+                if key[0] not in kept and key in held and key not in finished:
+                    lost.add(key)
+                    self.counters.lost_leases += 1
+                    log.warning("lease of message %d (delivery %d) was lost before it could be "
+                                "renewed", key[0], key[1])
+
+    async def extend(self, d: Delivery, seconds: float) -> bool:
+        """Push ``d``'s lease to now + ``seconds`` (``Message.extend``); False if lost."""
+        try:
+            kept = await self.engine.extend([(d.id, d.deliveries)], seconds)
+        except Exception as exc:
+            log.warning("extending the lease of message %d failed: %s", d.id, describe(exc))
+            raise
+        return d.id in kept
