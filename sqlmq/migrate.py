@@ -10,13 +10,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Column, Connection, func, inspect, select
+from sqlalchemy import Column, Connection, Index, MetaData, String, Table, func, inspect, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn, ExecutableDDLElement
 
 from .errors import SchemaError
-from .schema import SCHEMA_VERSION, Schema, due_index_of, ready_index_of
+from .schema import SCHEMA_VERSION, Schema, ready_index_of
 
 
 def _v1(conn: Connection, schema: Schema) -> None:
@@ -37,10 +37,11 @@ def _v2(conn: Connection, schema: Schema) -> None:
 def _v3(conn: Connection, schema: Schema) -> None:
     """Priority: a ``priority`` column (INTEGER NOT NULL DEFAULT 0) on the message table,
     the archive and the Spark sink's staging table, and the ready index rebuilt as
-    ``(queue, priority DESC, next_attempt_at, id)``; on MySQL and MariaDB, the due index
-    ``(queue, next_attempt_at)`` beside it (see :func:`sqlmq.schema.due_index`). Every step
-    looks before it acts: MySQL commits each DDL statement on its own, so a migrator that
-    died half way leaves some of them done, and the next one finishes the rest. Adding a
+    ``(queue, priority DESC, next_attempt_at, id)`` on PostgreSQL and SQLite (MySQL's and
+    MariaDB's is version 4's; version 3 as first released rebuilt theirs so too, with a due
+    index beside it, and version 4 drops both). Every step looks before it acts: MySQL
+    commits each DDL statement on its own, so a migrator that died half way leaves some of
+    them done, and the next one finishes the rest. Adding a
     column with a constant default rewrites no table on any of the three databases;
     building an index reads the whole message table once, holding writes off it meanwhile
     (the usual CREATE INDEX lock)."""
@@ -55,9 +56,30 @@ def _v3(conn: Connection, schema: Schema) -> None:
         if found is not None:
             index.drop(conn)
         index.create(conn)
-    due = due_index_of(schema)
-    if due.name not in indexes:
-        due.create(conn)  # its DDL runs on MySQL and MariaDB only (see due_index)
+
+
+def _v4(conn: Connection, schema: Schema) -> None:
+    """MySQL and MariaDB: the ready index becomes ``ix_{m}_ready_asc`` (see
+    :func:`sqlmq.schema.ready_index_asc`), and the indexes it replaces go: ``ix_{m}_ready``
+    and the due index ``(queue, next_attempt_at)`` of version 3 as first released. One
+    index fewer for every insert, acquire and delete to maintain, and no lock on the due
+    index for settle's DELETE to deadlock on. Elsewhere nothing happens: each index is made
+    only where it belongs (its ``ddl_if``), and an index is obsolete only where its
+    replacement now exists. Looks before it acts, as version 3."""
+    m = schema.message.name
+    have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
+    for index in schema.message.indexes:
+        if index.name not in have:
+            index.create(conn)  # a no-op where its ddl_if excludes this database
+    have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
+    obsolete = {f"ix_{m}_due"}
+    if f"ix_{m}_ready_asc" in have:
+        obsolete.add(f"ix_{m}_ready")
+    # indexes of a stand-in table (same name, a column each): the DDL names the index and
+    # the table; sqlmq's own MetaData does not keep these indexes
+    stand_in = Table(m, MetaData(), Column("queue", String(8)))
+    for name in sorted(obsolete & have):
+        Index(name, stand_in.c.queue).drop(conn)
 
 
 class AddColumn(ExecutableDDLElement):
@@ -74,7 +96,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
     return f"ALTER TABLE {table} ADD COLUMN {compiler.process(CreateColumn(element.column))}"
 
 
-MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {1: _v1, 2: _v2, 3: _v3}
+MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

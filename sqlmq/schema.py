@@ -5,9 +5,9 @@ invariants the engines rely on are encoded here:
 
 * ``next_attempt_at`` is NULL exactly while a message is PROCESSING. The acquire predicate
   is then ``next_attempt_at <= now``, read from the index ``(queue, priority DESC,
-  next_attempt_at, id)`` in acquire's order: no state filter, no sort of a whole backlog,
-  on every database. (MySQL and MariaDB also keep ``(queue, next_attempt_at)``, see
-  :func:`due_index`.)
+  next_attempt_at, id)`` in acquire's order (``priority`` ascending on MySQL and MariaDB,
+  see :func:`ready_index_asc`): no state filter, no sort of a whole backlog, on every
+  database.
 * ``lease_expires_at`` is set exactly while a message is PROCESSING, so recovery of expired
   leases reads one small index.
 """
@@ -41,7 +41,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -124,10 +124,10 @@ def _priority() -> Column[int]:
 
 
 def ready_index(message: Table) -> Index:
-    """The index acquire reads, in acquire's order: highest priority first, then ready
-    time, then id (FIFO within a priority). Partial where the database allows: PROCESSING
-    rows (no ready time) are not in it. Schema version 3 put ``priority`` in it; the
-    migration rebuilds it from this definition."""
+    """The index acquire reads on PostgreSQL and SQLite, in acquire's order: highest priority
+    first, then ready time, then id (FIFO within a priority). Partial: PROCESSING rows (no
+    ready time) are not in it. Schema version 3 put ``priority`` in it; the migration
+    rebuilds it from this definition."""
     c = message.c
     return Index(
         f"ix_{message.name}_ready",
@@ -137,30 +137,24 @@ def ready_index(message: Table) -> Index:
         c.id,
         postgresql_where=text("next_attempt_at IS NOT NULL"),
         sqlite_where=text("next_attempt_at IS NOT NULL"),
-    )
+    ).ddl_if(dialect=("postgresql", "sqlite"))
 
 
-def due_index(message: Table) -> Index:
-    """MySQL and MariaDB only: ``(queue, next_attempt_at)``, the due messages of a queue as
-    one range whatever their priority. Acquire reads it first, one entry at most, to know
-    whether anything is ready at all: these databases have no partial index and no skip
-    scan of a descending key part, so the ready index's ordered scan would otherwise walk
-    every delayed entry of each priority level before finding nothing (250 ms on an empty
-    poll of 100,000 delayed messages, against 1 ms). Part of schema version 3."""
+def ready_index_asc(message: Table) -> Index:
+    """The index acquire reads on MySQL and MariaDB: ``(queue, priority, next_attempt_at,
+    id)``, priority ascending. These databases have no partial index, so a level begins
+    with its in-flight entries; acquire finds each level by reading backwards from above it,
+    landing on the level's last entry (see ACQUIRE_LEVEL in
+    :mod:`sqlmq.engines.sql.mysql`). Part of schema version 4."""
     c = message.c
-    return Index(f"ix_{message.name}_due", c.queue, c.next_attempt_at).ddl_if(
-        dialect=("mysql", "mariadb"))
+    return Index(f"ix_{message.name}_ready_asc", c.queue, c.priority, c.next_attempt_at,
+                 c.id).ddl_if(dialect=("mysql", "mariadb"))
 
 
 def ready_index_of(schema: Schema) -> Index:
     """The ready index of ``schema``'s message table (the object :func:`ready_index` put
     there)."""
     return _index_of(schema, "ready")
-
-
-def due_index_of(schema: Schema) -> Index:
-    """The due index of ``schema``'s message table (see :func:`due_index`)."""
-    return _index_of(schema, "due")
 
 
 def _index_of(schema: Schema, suffix: str) -> Index:
@@ -227,7 +221,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         sqlite_autoincrement=True,
     )
     ready_index(message)
-    due_index(message)
+    ready_index_asc(message)
     a = f"{prefix}archive"
     archive = Table(
         a,

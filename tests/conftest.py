@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import aiosqlite
 import asyncpg
 import pytest
 from sqlalchemy import create_engine, event
@@ -25,6 +26,7 @@ from sqlalchemy.exc import OperationalError
 from sqlmq import Broker, build_schema
 from sqlmq.connect import parse_url, sync_url
 from sqlmq.engines import is_memory_url
+from sqlmq.engines import mysql as mysql_engine
 from sqlmq.engines.memory import MemoryEngine
 
 PG_URL = os.environ.get("SQLMQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -263,7 +265,9 @@ def run_cli(*args: str) -> CliResult:
 @contextmanager
 def counting_inserts(engine: SyncEngine) -> Iterator[list[str]]:
     """The INSERT statements sent meanwhile, through SQLAlchemy on ``engine`` or straight
-    to asyncpg as sqlmq's PostgreSQL publish does (the COPY path sends none)."""
+    to asyncpg as sqlmq's PostgreSQL publish does (the COPY path sends none), or to asyncmy
+    as its MariaDB publish does (a packet of statements counts once: one round trip), or to
+    aiosqlite's executemany as its SQLite batch publish does."""
     statements: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -277,10 +281,28 @@ def counting_inserts(engine: SyncEngine) -> Iterator[list[str]]:
             statements.append(query)
         return await fetch(self, query, *args, **kwargs)
 
+    run = mysql_engine._run
+
+    async def run_recorded(conn: Any, sent: Any, multi: bool) -> Any:
+        inserts = [q for q, _ in sent if "INSERT" in q.upper()]
+        statements.extend(inserts[:1] if multi else inserts)
+        return await run(conn, sent, multi)
+
+    executemany = aiosqlite.Connection.executemany
+
+    async def executemany_recorded(self: Any, sql: str, parameters: Any) -> Any:
+        if "INSERT" in sql.upper():
+            statements.append(sql)
+        return await executemany(self, sql, parameters)
+
     event.listen(engine, "before_cursor_execute", record)
     asyncpg.Connection.fetch = fetch_recorded  # type: ignore[method-assign]
+    aiosqlite.Connection.executemany = executemany_recorded  # type: ignore[method-assign]
+    mysql_engine._run = run_recorded  # type: ignore[assignment]
     try:
         yield statements
     finally:
         asyncpg.Connection.fetch = fetch  # type: ignore[method-assign]
+        aiosqlite.Connection.executemany = executemany  # type: ignore[method-assign]
+        mysql_engine._run = run  # type: ignore[assignment]
         event.remove(engine, "before_cursor_execute", record)

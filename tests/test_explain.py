@@ -234,28 +234,31 @@ async def test_acquire_by_priority_reads_the_ready_index_in_order_on_a_million_r
 
 
 @pytest.mark.parametrize("db_kind", ["mariadb"])
-async def test_mariadb_acquire_reads_no_delayed_backlog(broker: Broker) -> None:
-    """MariaDB: with 40,000 delayed messages at two priorities and nothing ready, acquire's
-    probe and lock statements (as the engine renders them) read a handful of index entries,
-    not the delayed backlog (the ready index alone walks every delayed entry of each
-    priority level: 250 ms per empty poll at 100,000); counted by the session's handler
-    reads. Once a message is ready, the same statements take it."""
-    from sqlmq.engines.mysql import MysqlEngine
+async def test_mariadb_acquire_reads_no_delayed_or_inflight_backlog(broker: Broker) -> None:
+    """MariaDB: with 20,000 delayed messages at each of two priorities, 20,000 in flight at
+    the lower one and nothing ready, acquire's level, lock and next-level statements (as the
+    engine renders them) read a handful of index entries at each level, not the backlog (a
+    scan of the ready index without the levels walks every in-flight and delayed entry of
+    each level: 250 ms per empty poll at 100,000), counted by the session's handler reads.
+    A message then ready at the lower priority, behind the delayed higher ones, is taken by
+    as few reads, and by the engine's acquire."""
+    from sqlmq.engines.mysql import TOP_LEVEL, MysqlEngine
 
     engine = broker.engine
     assert isinstance(engine, MysqlEngine)
     m = broker.schema.message.name
     async with broker.db.begin() as conn:
         await conn.exec_driver_sql("SET SESSION max_recursive_iterations = 100000")
-        for priority in (0, 9):
+        later = "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR"
+        for priority, due in ((0, later), (9, later), (0, "NULL")):
             await conn.exec_driver_sql(f"""
                 INSERT INTO {m} (queue, headers, payload, state, attempts_count,
                                  deliveries_count, created_at, next_attempt_at, priority)
                 WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000)
-                SELECT 'q', '{{}}', 'x', 'PENDING', 0, 0, UTC_TIMESTAMP(6),
-                       UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, {priority} FROM g""")
+                SELECT 'q', '{{}}', 'x', IF({due} IS NULL, 'PROCESSING', 'PENDING'), 0, 0,
+                       UTC_TIMESTAMP(6), {due}, {priority} FROM g""")
         await conn.exec_driver_sql(f"ANALYZE TABLE {m} PERSISTENT FOR ALL")
-    probe, lock = engine._acquire_lock(2)
+    lock = engine._acquire_lock(2)
 
     async def reads(conn: Any) -> int:
         rows = await conn.exec_driver_sql(
@@ -264,19 +267,26 @@ async def test_mariadb_acquire_reads_no_delayed_backlog(broker: Broker) -> None:
             "'Handler_read_prev', 'Handler_read_rnd', 'Handler_read_rnd_next')")
         return sum(int(v) for _, v in rows.all())
 
-    async def poll() -> tuple[int, Any]:
+    async def poll(below: int) -> tuple[int, Any, Any]:
+        """The level below ``below``, its ready rows locked, the next level: handler reads,
+        the ids locked, and the two levels."""
+        queues = ["q", "other"]
         async with broker.db.begin() as conn:
             before = await reads(conn)
-            await conn.exec_driver_sql(probe, ("q", "other"))
-            await conn.exec_driver_sql(lock, ("q", "other", 100))
+            await conn.exec_driver_sql(lock.level, tuple(a for q in queues for a in (q, below)))
+            await conn.exec_driver_sql(lock.lock, (*queues, 100))
+            await conn.exec_driver_sql(lock.next_level, tuple(queues))
             read = await reads(conn) - before
-            taken = (await conn.exec_driver_sql("SELECT @sqlmq_take")).scalar()
+            taken, *levels = (await conn.exec_driver_sql(
+                "SELECT @sqlmq_take, @sqlmq_level, @sqlmq_next")).one()
             await conn.rollback()
-        return read, taken
+        return read, taken, levels
 
-    read, taken = await poll()
-    assert taken is None and read < 20, read
+    read, taken, levels = await poll(TOP_LEVEL)
+    assert taken is None and levels == [9, 0] and read < 30, read
+    read, taken, levels = await poll(9)
+    assert taken is None and levels == [0, None] and read < 30, read
     (ready,) = await broker.publish_batch("q", [b"now"])
-    _, taken = await poll()  # (reading the delayed entries on its way: see ACQUIRE_LOCK)
-    assert json.loads(taken) == [ready]
+    read, taken, _ = await poll(9)
+    assert json.loads(taken) == [ready] and read < 30, read
     assert [d.id for d in await engine.acquire(["q"], 10, 30.0)] == [ready]

@@ -77,13 +77,13 @@ def test_bad_table_prefixes_are_refused() -> None:
 
 def _v2_metadata(schema: Any) -> MetaData:
     """The tables as schema version 2 made them: no ``priority`` column anywhere, the
-    ready index on ``(queue, next_attempt_at, id)``, and no due index."""
+    ready index ``ix_…_ready`` on ``(queue, next_attempt_at, id)`` on every database."""
     md = MetaData()
     for t in schema.metadata.sorted_tables:
         old = Table(t.name, md, *[c._copy() for c in t.columns if c.name != "priority"],
                     **t.dialect_kwargs)
         for ix in t.indexes:
-            if ix.name.endswith("_due"):
+            if ix.name.endswith("_ready_asc"):
                 continue
             columns = (["queue", "next_attempt_at", "id"] if ix.name.endswith("_ready")
                        else [c.name for c in ix.columns])
@@ -125,7 +125,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 3
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 4
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -134,7 +134,8 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
                     for t in (schema.message, schema.archive, schema.spark_staging)}
             indexes = {ix["name"]: ix for ix in i.get_indexes(schema.message.name)}
             ready = [ix for name, ix in indexes.items()
-                     if name == f"ix_{schema.message.name}_ready"]
+                     if name in (f"ix_{schema.message.name}_ready",
+                                 f"ix_{schema.message.name}_ready_asc")]
             return cols, ready, indexes.get(f"ix_{schema.message.name}_due")
 
         async with brokers[0].db.connect() as conn:
@@ -149,14 +150,12 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             assert table["priority"]["nullable"] is False
         (index,) = ready
         assert index["column_names"] == ["queue", "priority", "next_attempt_at", "id"]
+        # priority descending, but ascending in MySQL's and MariaDB's ix_…_ready_asc
+        assert index["name"].endswith("_ready_asc") == mysql
         if "column_sorting" in index:  # where the dialect reflects it
             assert index["column_sorting"].get("priority", ())[:1] == ("desc",)
-        # MySQL and MariaDB also get the due index acquire's probe reads; nobody else does.
-        if mysql:
-            assert due is not None and due["column_names"] == ["queue", "next_attempt_at"]
-        else:
-            assert due is None
-        assert recorded == [1, 2, 3]
+        assert due is None  # (version 3 made it on MySQL and MariaDB; version 4 drops it)
+        assert recorded == [1, 2, 3, 4]
         assert [r.priority for r in kept] == [0, 0, 0, 0]
         assert archived == [0]
         pending, retryable = kept[0].id, kept[1].id
@@ -169,4 +168,49 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
     finally:
         for b in brokers:
             await b.close()
+        drop_tables(db_url, prefix)
+
+
+@pytest.mark.parametrize("db_kind", ["mariadb"])
+async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix: str) -> None:
+    """A MariaDB schema as version 3 first left it (the ready index ``(queue, priority DESC,
+    next_attempt_at, id)`` and the due index ``(queue, next_attempt_at)``): version 4 makes
+    ``ix_…_ready_asc``, drops both, keeps the rows, and acquire works."""
+    from datetime import UTC, datetime
+
+    broker = Broker(db_url, table_prefix=prefix)
+    schema = broker.schema
+    m = schema.message.name
+    try:
+        async with broker.db.begin() as conn:
+            await conn.run_sync(schema.metadata.create_all)
+            await conn.exec_driver_sql(f"DROP INDEX ix_{m}_ready_asc ON {m}")
+            await conn.execute(schema.version.insert(), [
+                {"version": v, "applied_at": datetime.now(UTC)} for v in (1, 2, 3)])
+            stand_in = MetaData()
+            old = Table(m, stand_in, *[c._copy() for c in schema.message.columns])
+            Index(f"ix_{m}_due", old.c.queue, old.c.next_attempt_at)
+            Index(f"ix_{m}_ready", old.c.queue, old.c.priority.desc(), old.c.next_attempt_at,
+                  old.c.id)
+            await conn.run_sync(lambda c: [ix.create(c) for t in stand_in.sorted_tables
+                                           for ix in t.indexes])
+        (msg_id,) = await broker.publish_batch("q", [b"kept"])
+        with pytest.raises(SchemaError, match="version 3"):
+            await broker.check_schema()
+
+
+        async def indexes() -> set[str]:
+            async with broker.db.connect() as conn:
+                return await conn.run_sync(
+                    lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
+
+        assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
+        assert await broker.migrate() == SCHEMA_VERSION == 4
+        names = await indexes()
+        assert f"ix_{m}_ready_asc" in names
+        assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
+        assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [msg_id]
+        assert await broker.migrate() == 4  # and again: nothing to do
+    finally:
+        await broker.close()
         drop_tables(db_url, prefix)

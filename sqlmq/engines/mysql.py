@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..errors import SchemaError
 from ..records import Delivery, NewMessage, Settlement
+from ..schema import MAX_PRIORITY
 from .base import (
     ARCHIVING,
     RETURNING,
@@ -54,9 +56,59 @@ _ID_BYTES = 21
 
 
 def placeholders(count: int) -> str:
-    """``%s, %s, …``: one driver parameter per queue, for ACQUIRE_PROBE's and ACQUIRE_LOCK's
-    ``{queues}``."""
+    """``%s, %s, …``: one driver parameter per queue, for ACQUIRE_LOCK's ``{queues}``."""
     return ", ".join(["%s"] * count)
+
+
+@dataclass(frozen=True)
+class AcquireStatements:
+    """An acquire packet's statements for a number of queues, but for BEGIN and COMMIT
+    (see ACQUIRE_LEVEL in the SQL file): one priority level's ready rows locked, read and
+    taken, then the level and the next one below it read. Shared by the engine's acquire
+    and the Spark ledger's lease (which records the taken ids before reading them)."""
+
+    level: str
+    lock: str
+    read: str
+    take: str
+    next_level: str
+
+    def statements(self, queues: Sequence[str], below: int, limit: int,
+                   lease: float) -> list[tuple[str, list[Any]]]:
+        """The statements with their parameters: the highest level below ``below``, up to
+        ``limit`` of its ready rows locked into ``@sqlmq_take``, read, and leased for
+        ``lease`` seconds, then ACQUIRE_LEVELS_READ's row."""
+        return [(self.level, [a for q in queues for a in (q, below)]),
+                (self.lock, [*queues, limit]),
+                (self.read, []),
+                (self.take, [round(lease * 1_000_000)]),
+                (self.next_level, list(queues)),
+                (sql.ACQUIRE_LEVELS_READ, [])]
+
+
+def acquire_statements(names: Mapping[str, object], queues: int) -> AcquireStatements:
+    """The acquire statements for ``queues`` queues (see ACQUIRE_LEVEL in the SQL file)."""
+    def level(into: str, below: str) -> str:
+        one = render(sql.ACQUIRE_LEVEL_OF_QUEUE, {**names, "below": below})
+        return render(sql.ACQUIRE_LEVEL,
+                      {"level": into, "of_queues": sql.UNION_ALL.join([one] * queues)})
+
+    return AcquireStatements(
+        level("@sqlmq_level", "%s"),
+        render(sql.ACQUIRE_LOCK, {**names, "queues": placeholders(queues)}),
+        render(sql.ACQUIRE_READ, names), render(sql.ACQUIRE_TAKE, names),
+        level("@sqlmq_next", "@sqlmq_level"))
+
+
+#: A batch's INSERT_MANY statements: at most this many rows, or this many bytes of headers
+#: and payloads, each; up to _PACKET_BYTES in all, the whole batch travels in one packet
+#: (escaped, a payload may double: MariaDB's max_allowed_packet is 16 MiB by default).
+_MANY_ROWS = 5000
+_MANY_BYTES = 1 << 20
+_PACKET_BYTES = 4 << 20
+
+#: Above every priority: the first packet's bound.
+TOP_LEVEL = MAX_PRIORITY + 1
 
 
 def take_limit(group_concat_max_len: int | None) -> int:
@@ -79,10 +131,8 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         self._extend = text(render(sql.EXTEND, names)).bindparams(ids)
         self._expired = text(render(sql.RECOVER_EXPIRED_LOCK, names))
         self._recover = text(render(sql.RECOVER_EXPIRED, names)).bindparams(ids)
-        # ACQUIRE_PROBE and ACQUIRE_LOCK by number of queues
-        self._lock_ready: dict[int, tuple[str, str]] = {}
-        self._read_taken = render(sql.ACQUIRE_READ, names)
-        self._take = render(sql.ACQUIRE_TAKE, names)
+        # the acquire's levels and lock, by number of queues
+        self._lock_ready: dict[int, AcquireStatements] = {}
         self._settle_input = render(sql.SETTLE_INPUT, names)
         self._settle_lock = render(sql.SETTLE_LOCK, names)
         self._settle_archive = render(sql.SETTLE_ARCHIVE, names)
@@ -91,17 +141,16 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         self._insert_one_sql = render(sql.INSERT_ONE, names)
         self._insert_leased_sql = render(sql.INSERT_LEASED, names)
         self._max_batch: int | None = None
+        self._insert_many_full: str | None = None
         # asyncmy always allows several statements per packet; another driver (aiomysql, on
         # an engine the caller built) gets them one at a time, in the same transaction.
         self._multi = self.url.get_driver_name() == "asyncmy"
 
-    def _acquire_lock(self, queues: int) -> tuple[str, str]:
-        """ACQUIRE_PROBE and ACQUIRE_LOCK for this many queues (rendered once per count)."""
+    def _acquire_lock(self, queues: int) -> AcquireStatements:
+        """The acquire's levels and lock for this many queues (rendered once per count)."""
         statements = self._lock_ready.get(queues)
         if statements is None:
-            names = {**self.names, "queues": placeholders(queues)}
-            statements = self._lock_ready[queues] = (
-                render(sql.ACQUIRE_PROBE, names), render(sql.ACQUIRE_LOCK, names))
+            statements = self._lock_ready[queues] = acquire_statements(self.names, queues)
         return statements
 
     async def _id_list_limit(self, conn: AsyncConnection) -> int:
@@ -118,8 +167,11 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
                       executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
         """One message due after a delay, on sqlmq's own connection: INSERT_ONE on a kept
         connection, one round trip, the INSERT committing itself (the general path's pool
-        checkout, INSERT and COMMIT take three). Anything else through SQLAlchemy Core (see
+        checkout, INSERT and COMMIT take three). A batch on MariaDB's own connection: see
+        ``_publish_many``. Anything else through SQLAlchemy Core (see
         ``SqlEngine._insert_plans``)."""
+        if executor is None and len(messages) > 1 and self._returning():
+            return await self._publish_many(messages)
         if executor is None and len(messages) == 1 and messages[0].at is None:
             message = messages[0]
             delay = round(message.delay * 1_000_000)
@@ -129,6 +181,51 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
                                            keep=[1])
             return [int(row[0])]
         return await self._publish_core(messages, executor)
+
+    async def _publish_many(self, messages: Sequence[NewMessage]) -> list[int]:
+        """A batch (one queue, schedule and priority) in one transaction on a kept
+        connection: INSERT_MANY_SHARED, then an INSERT_MANY per ``_MANY_ROWS`` rows or
+        ``_MANY_BYTES`` of headers and payloads. Each distinct headers dict (one per content
+        type) is encoded once. Up to ``_PACKET_BYTES`` in one packet, else a statement at a
+        time (the server's max_allowed_packet)."""
+        first = messages[0]
+        when = ((sql.INSERT_MANY_DELAY, [round(first.delay * 1_000_000)]) if first.at is None
+                else (sql.INSERT_MANY_AT, [first.at.astimezone(UTC).replace(tzinfo=None)]))
+        statements: list[tuple[str, Sequence[Any]]] = [
+            (sql.BEGIN, ()), (sql.INSERT_MANY_SHARED, [first.queue, first.priority]), when]
+        encoded: dict[int, str] = {}
+        args: list[Any] = []
+        size = total = 0
+        for m in messages:
+            headers = encoded.get(id(m.headers))
+            if headers is None:
+                headers = encoded[id(m.headers)] = json.dumps(m.headers)
+            args += (headers, m.payload)
+            size += len(headers) + len(m.payload)
+            if len(args) == 2 * _MANY_ROWS or size >= _MANY_BYTES:
+                statements.append((self._insert_many(len(args) // 2), args))
+                args, total, size = [], total + size, 0
+        if args:
+            statements.append((self._insert_many(len(args) // 2), args))
+        statements.append((sql.COMMIT, ()))
+        results = await self._packet(statements, keep=range(3, len(statements) - 1),
+                                     one_packet=total + size < _PACKET_BYTES)
+        return sorted(int(row[0]) for rows in results for row in rows)
+
+    def _returning(self) -> bool:
+        """Whether the server has INSERT … RETURNING: MariaDB, not MySQL 8 (known once a
+        connection has been made; until then, batches take the general path)."""
+        return self._db is not None and bool(getattr(self._db.dialect, "is_mariadb", False))
+
+    def _insert_many(self, rows: int) -> str:
+        """INSERT_MANY for this many rows (the full chunk's statement is kept)."""
+        if rows == _MANY_ROWS and self._insert_many_full is not None:
+            return self._insert_many_full
+        statement = render(sql.INSERT_MANY, {
+            **self.names, "rows": sql.ROWS_SEPARATOR.join([sql.INSERT_MANY_ROW] * rows)})
+        if rows == _MANY_ROWS:
+            self._insert_many_full = statement
+        return statement
 
     async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
         """Publish one message already acquired, for a subscriber of this process."""
@@ -154,39 +251,18 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
                 await discard(conn)
                 raise
             await self._checkin(conn)
-        probe, lock = self._acquire_lock(len(queues))
-        (rows,) = await self._packet([
-            (sql.BEGIN, ()),
-            (probe, queues),
-            (lock, [*queues, min(limit, self._max_batch)]),
-            (self._read_taken, ()),
-            (self._take, [round(lease * 1_000_000)]),
-            (sql.COMMIT, ()),
-        ], keep=[3])
-        if not rows:
-            return []
-        now = _utc(rows[0][10])
-        lease_expires_at = now + timedelta(microseconds=round(lease * 1_000_000))
-        headers, utc = BatchHeaders(), BatchTimes(_utc)  # the driver's are naive UTC
-
-        def decode(r: Any) -> Delivery:
-            return Delivery(
-                id=r[0],
-                queue=r[1],
-                headers=headers(r[2]),
-                payload=bytes(r[3]),
-                attempts=r[4],
-                deliveries=r[5] + 1,
-                created_at=utc(r[6]),
-                first_attempt_at=now if r[7] is None else utc(r[7]),
-                acquired_at=now,
-                lease_expires_at=lease_expires_at,
-                scheduled_at=utc(r[8]),
-                history=decode_history(r[9]),
-                priority=r[11],
-            )
-
-        out = decode_rows(rows, decode, _undecodable)
+        lock, want = self._acquire_lock(len(queues)), min(limit, self._max_batch)
+        out: list[Delivery] = []
+        below = TOP_LEVEL
+        while True:  # a packet per priority level, while levels below have rows to give
+            rows, ((level, below_it),) = await self._packet(
+                [(sql.BEGIN, ()), *lock.statements(queues, below, want, lease),
+                 (sql.COMMIT, ())], keep=[3, 6])
+            out += _deliveries(rows, lease)
+            want -= len(rows)
+            if want <= 0 or below_it is None:
+                break
+            below = level
         out.sort(key=ready_order)
         return out
 
@@ -210,12 +286,13 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         return {r[0] for r in locked}
 
     async def _packet(self, statements: list[tuple[str, Sequence[Any]]],
-                      keep: Sequence[int]) -> list[list[Any]]:
+                      keep: Sequence[int], one_packet: bool = True) -> list[list[Any]]:
         """``statements`` in one packet on a kept autocommit connection (a transaction, when
-        they open and commit one themselves); the rows of the statements at ``keep``."""
+        they open and commit one themselves); the rows of the statements at ``keep``. Sent
+        one at a time where the driver allows no more, or ``one_packet`` is False."""
         conn = await self._checkout()
         try:
-            results = await _run(conn, statements, self._multi)
+            results = await _run(conn, statements, self._multi and one_packet)
         except BaseException:
             # Whatever failed, the server may hold the transaction open: closing the
             # connection ends it, with its locks.
@@ -274,6 +351,34 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         if conn.execute(text(sql.MIGRATION_LOCK), key).scalar() != 1:
             raise SchemaError("timed out waiting for another sqlmq migration to finish")
         return lambda: conn.execute(text(sql.MIGRATION_UNLOCK), key)  # type: ignore[return-value]
+
+
+def _deliveries(rows: list[Any], lease: float) -> list[Delivery]:
+    """ACQUIRE_READ's rows as deliveries, leased from the clock reading they carry."""
+    if not rows:
+        return []
+    now = _utc(rows[0][10])
+    lease_expires_at = now + timedelta(microseconds=round(lease * 1_000_000))
+    headers, utc = BatchHeaders(), BatchTimes(_utc)  # the driver's are naive UTC
+
+    def decode(r: Any) -> Delivery:
+        return Delivery(
+            id=r[0],
+            queue=r[1],
+            headers=headers(r[2]),
+            payload=bytes(r[3]),
+            attempts=r[4],
+            deliveries=r[5] + 1,
+            created_at=utc(r[6]),
+            first_attempt_at=now if r[7] is None else utc(r[7]),
+            acquired_at=now,
+            lease_expires_at=lease_expires_at,
+            scheduled_at=utc(r[8]),
+            history=decode_history(r[9]),
+            priority=r[11],
+        )
+
+    return decode_rows(rows, decode, _undecodable)
 
 
 async def _run(

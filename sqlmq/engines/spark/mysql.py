@@ -1,9 +1,10 @@
-"""MySQL's and MariaDB's Spark ledger: the engine's probe, lock and take statements, then the
+"""MySQL's and MariaDB's Spark ledger: the engine's level, lock and take statements, then the
 lease rows copied from the taken ids on the server; acknowledgements by the engine's settle."""
 
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection
 
@@ -12,6 +13,9 @@ from ...records import Settlement
 from ..sql import mysql as sql
 from ..sql import render
 from .ledger import ACQUIRE_CHUNK, Lease, SparkLedger
+
+if TYPE_CHECKING:
+    from ..mysql import AcquireStatements
 
 
 class MysqlLedger(SparkLedger):
@@ -29,9 +33,6 @@ class MysqlLedger(SparkLedger):
     def _statements(self) -> dict[str, str]:
         n = self.names
         return {
-            "probe": render(sql.ACQUIRE_PROBE, {**n, "queues": "%s"}),
-            "lock": render(sql.ACQUIRE_LOCK, {**n, "queues": "%s"}),
-            "take": render(sql.ACQUIRE_TAKE, n),
             "record": render(sql.SPARK_RECORD_LEASE, n),
             "taken": render(sql.SPARK_READ_TAKEN, n),
             "set": render(sql.SETTLE_INPUT, n),
@@ -41,20 +42,36 @@ class MysqlLedger(SparkLedger):
             "clear": render(sql.SETTLE_CLEAR, n),
         }
 
+    @cached_property
+    def _lock(self) -> AcquireStatements:
+        from ..mysql import acquire_statements
+
+        return acquire_statements(self.names, 1)
+
     def take(self, conn: Connection, queue: str, consumer: str, seq: int, want: int,
              lease: float) -> list[Lease]:
-        """The engine's probe, lock and take statements, then the lease rows copied from the taken
-        ids on the server, all in the caller's transaction."""
-        q = self._statements
-        conn.exec_driver_sql(q["probe"], (queue,))
-        conn.exec_driver_sql(q["lock"], (queue, want))
-        self.checkpoint("lease:locked")
-        conn.exec_driver_sql(q["take"], (round(lease * 1_000_000),))
-        self.checkpoint("lease:taken")
-        conn.exec_driver_sql(q["record"], (consumer, seq))
-        self.checkpoint("lease:inserted")
-        rows = conn.exec_driver_sql(q["taken"]).all()
-        return [tuple(r) for r in rows]  # type: ignore[misc]
+        """The engine's level, lock and take statements, then the lease rows copied from the
+        taken ids on the server, all in the caller's transaction: a round per priority
+        level, as the engine's acquire, while levels below have rows to give."""
+        from ..mysql import TOP_LEVEL
+
+        q, a = self._statements, self._lock
+        out: list[Lease] = []
+        below = TOP_LEVEL
+        while True:
+            conn.exec_driver_sql(a.level, (queue, below))
+            conn.exec_driver_sql(a.lock, (queue, want - len(out)))
+            self.checkpoint("lease:locked")
+            conn.exec_driver_sql(a.take, (round(lease * 1_000_000),))
+            self.checkpoint("lease:taken")
+            conn.exec_driver_sql(q["record"], (consumer, seq))
+            self.checkpoint("lease:inserted")
+            out += [tuple(r) for r in conn.exec_driver_sql(q["taken"]).all()]  # type: ignore[misc]
+            conn.exec_driver_sql(a.next_level, (queue,))
+            level, below_it = conn.exec_driver_sql(sql.ACQUIRE_LEVELS_READ).one()
+            if len(out) >= want or below_it is None:
+                return out
+            below = level
 
     def _complete(self, conn: Connection, held: list[Lease]) -> int:
         """The engine's fenced COMPLETE settle, its rows locked in id order like the

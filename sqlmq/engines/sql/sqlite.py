@@ -23,6 +23,22 @@ VALUES (:queue, :headers, :payload, 'PENDING', 0, 0,
 RETURNING id
 """
 
+# Publish a batch on sqlmq's own connection, in one transaction: INSERT_MANY_CLOCK reads the
+# clock once (created_at, and the schedule: :at, or now + :delay seconds), then INSERT_MANY
+# runs once per message (the driver's executemany, in its thread, binding in C), then
+# LAST_ID: under the write lock and AUTOINCREMENT the batch's ids are consecutive, ending
+# there.
+INSERT_MANY_CLOCK = """
+SELECT (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
+       COALESCE(:at, (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:delay))||'000'))
+"""
+INSERT_MANY = """
+INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+                 created_at, next_attempt_at, priority)
+VALUES (:queue, :headers, :payload, 'PENDING', 0, 0, :created_at, :next_attempt_at, :priority)
+"""
+LAST_ID = "SELECT last_insert_rowid()"
+
 # Publish one message already acquired, for an idle subscriber of this process: the row an
 # acquire would leave, leased for :lease seconds, at :priority. RETURNING may name only the
 # inserted table's columns.
