@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.run drain|publish|latency|all [--db postgresql|mariadb|sqlite|all]
     .venv/bin/python -m bench.run fresh --db postgresql [--rate 500 --load-seconds 60]
                                     [--analyzed-empty]
+    .venv/bin/python -m bench.run workers --db postgresql [--workers 1,4,16,64,256]
 
 Prints one table per benchmark (medians over ``--repeat`` rounds; ratios are taken within
 each round, then their median), followed by the command line that reproduces it. Run
@@ -30,7 +31,7 @@ DEFAULT_N = 100_000
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["drain", "publish", "latency", "fresh", "all"])
+    p.add_argument("what", choices=["drain", "publish", "latency", "fresh", "workers", "all"])
     p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
     p.add_argument("--n", type=int, default=DEFAULT_N, help="messages per drain")
     p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported")
@@ -50,6 +51,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--single-count", type=int, default=2000,
                    help="publish: messages sent one transaction each")
     p.add_argument("--no-peer", action="store_true", help="skip PGQueuer")
+    p.add_argument("--workers", default="1,4,16,64,256",
+                   help="workers: the worker counts to sweep")
     return p.parse_args(argv)
 
 
@@ -203,6 +206,32 @@ def run_fresh(args: argparse.Namespace) -> str:
     return "\n\n".join(out)
 
 
+# ---- workers sweep -------------------------------------------------------------------------
+
+def run_workers(args: argparse.Namespace) -> str:
+    from .workers import HANDLERS, default_workers, drain_with, messages_for, sweep_cases
+
+    out = []
+    for db in dbs(args):
+        rows = []
+        for handler, sleep in HANDLERS.items():
+            for label, options in sweep_cases(_ints(args.workers)):
+                n = messages_for(sleep, int(options.get("workers", default_workers())), args.n)
+                rates = [asyncio.run(drain_with(db, n, options, sleep))
+                         for _ in range(args.repeat)]
+                _log(f"{db} {handler} {label}: {median(rates):,.0f} msg/s ({n:,} messages)")
+                rows.append([handler, label, n, median(rates), min(rates), max(rates)])
+            best = max(r[3] for r in rows if r[0] == handler)
+            for r in rows:
+                if r[0] == handler and len(r) == 6:
+                    r.append(f"{100 * r[3] / best:.0f}%")
+        out.append(table(
+            f"workers sweep on {db}: drain with only the options shown (the rest default), "
+            f"one process, median of {args.repeat} (msg/s; share of the handler's best)",
+            ["handler", "options", "messages", "median", "min", "max", "of best"], rows))
+    return "\n\n".join(out)
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 def _sync(fn: Any, *args: Any) -> Any:
@@ -230,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     what = ["drain", "publish", "latency"] if args.what == "all" else [args.what]
     for name in what:  # each table as soon as it is done
         print({"drain": run_drain, "publish": run_publish, "latency": run_latency,
-               "fresh": run_fresh}[name](args) + "\n", flush=True)
+               "fresh": run_fresh, "workers": run_workers}[name](args) + "\n", flush=True)
     print(f"\n{conditions()}")
     print(f"reproduce: .venv/bin/python -m bench.run {shlex.join(argv)}")
 
