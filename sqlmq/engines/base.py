@@ -474,6 +474,19 @@ class BatchHeaders(dict[Any, dict[str, str]]):
         return dict(decoded)
 
 
+class BatchHeaderTexts(dict[int, str]):
+    """Encodes the headers of one batch being published, each distinct dict once: a batch
+    shares one dict per content type (see :func:`sqlmq.publishing.prepare`), told apart by
+    identity, so equal dicts from elsewhere are merely encoded twice. The batch's messages
+    keep their dicts alive meanwhile, so an id is not reused."""
+
+    def __call__(self, headers: dict[str, str]) -> str:
+        text = self.get(id(headers))
+        if text is None:
+            text = self[id(headers)] = json.dumps(headers)
+        return text
+
+
 def _headers(value: Any) -> dict[str, str]:
     """Checked once per distinct text: the runtime and handlers rely on string values."""
     if isinstance(value, str | bytes):

@@ -34,6 +34,7 @@ from .base import (
     RETURNING,
     ArchiveAndStatsMixin,
     BatchHeaders,
+    BatchHeaderTexts,
     BatchTimes,
     SqlEngine,
     decode_history,
@@ -185,21 +186,18 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
     async def _publish_many(self, messages: Sequence[NewMessage]) -> list[int]:
         """A batch (one queue, schedule and priority) in one transaction on a kept
         connection: INSERT_MANY_SHARED, then an INSERT_MANY per ``_MANY_ROWS`` rows or
-        ``_MANY_BYTES`` of headers and payloads. Each distinct headers dict (one per content
-        type) is encoded once. Up to ``_PACKET_BYTES`` in one packet, else a statement at a
-        time (the server's max_allowed_packet)."""
+        ``_MANY_BYTES`` of headers and payloads. Up to ``_PACKET_BYTES`` in one packet, else
+        a statement at a time (the server's max_allowed_packet)."""
         first = messages[0]
         when = ((sql.INSERT_MANY_DELAY, [round(first.delay * 1_000_000)]) if first.at is None
                 else (sql.INSERT_MANY_AT, [first.at.astimezone(UTC).replace(tzinfo=None)]))
         statements: list[tuple[str, Sequence[Any]]] = [
             (sql.BEGIN, ()), (sql.INSERT_MANY_SHARED, [first.queue, first.priority]), when]
-        encoded: dict[int, str] = {}
+        encoded = BatchHeaderTexts()
         args: list[Any] = []
         size = total = 0
         for m in messages:
-            headers = encoded.get(id(m.headers))
-            if headers is None:
-                headers = encoded[id(m.headers)] = json.dumps(m.headers)
+            headers = encoded(m.headers)
             args += (headers, m.payload)
             size += len(headers) + len(m.payload)
             if len(args) == 2 * _MANY_ROWS or size >= _MANY_BYTES:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +29,7 @@ from .base import (
     RETURNING,
     ArchiveAndStatsMixin,
     BatchHeaders,
+    BatchHeaderTexts,
     BatchTimes,
     SqlEngine,
     blob,
@@ -99,28 +100,18 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         """A batch (one queue, schedule and priority) in one transaction, straight on
         aiosqlite: the clock read once, the driver's executemany, the last id (see
         INSERT_MANY). SQLAlchemy's per-row parameter processing was most of a batch's
-        client time. Each distinct headers dict (one per content type) is encoded once."""
+        client time."""
         first = messages[0]
         at = None if first.at is None else first.at.astimezone(UTC).strftime(_STORED_TIME)
-        encoded: dict[int, str] = {}
-
-        def headers(m: NewMessage) -> str:
-            found = encoded.get(id(m.headers))
-            if found is None:
-                found = encoded[id(m.headers)] = json.dumps(m.headers)
-            return found
-
+        headers = BatchHeaderTexts()
         async with self.db.begin() as conn:
             ((created_at, due),) = await _fetch(conn, self._insert_many_clock,
                                                 {"at": at, "delay": first.delay})
-            rows = [{"queue": first.queue, "headers": headers(m), "payload": m.payload,
-                     "created_at": created_at, "next_attempt_at": due,
+            rows = [{"queue": first.queue, "headers": headers(m.headers),
+                     "payload": m.payload, "created_at": created_at, "next_attempt_at": due,
                      "priority": first.priority} for m in messages]
-            try:
+            with _driver_errors(conn, self._insert_many_sql):
                 await (await driver_connection(conn)).executemany(self._insert_many_sql, rows)
-            except sqlite3.Error as exc:
-                raise DBAPIError.instance(self._insert_many_sql, None, exc, sqlite3.Error,
-                                          dialect=conn.engine.dialect) from exc
             ((last,),) = await _fetch(conn, sql.LAST_ID, {})
         return list(range(last - len(messages) + 1, last + 1))
 
@@ -260,9 +251,17 @@ async def _fetch(conn: AsyncConnection, sql: str, params: Mapping[str, Any]) -> 
     """One statement straight on aiosqlite, in ``conn``'s transaction: a single trip to the
     driver's thread and plain tuples back, where SQLAlchemy's cursor takes three trips and
     processes every value. Errors come out wrapped as SQLAlchemy's, like the others."""
-    try:
+    with _driver_errors(conn, sql):
         raw = await driver_connection(conn)
         return list(await raw.execute_fetchall(sql, params))
+
+
+@contextlib.contextmanager
+def _driver_errors(conn: AsyncConnection, sql: str) -> Iterator[None]:
+    """The driver's errors for ``sql``, wrapped as SQLAlchemy's, like every other
+    statement's."""
+    try:
+        yield
     except sqlite3.Error as exc:
         raise DBAPIError.instance(sql, None, exc, sqlite3.Error,
                                   dialect=conn.engine.dialect) from exc
