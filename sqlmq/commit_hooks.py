@@ -29,8 +29,10 @@ def on_commit(
     connection: Connection | Session | AsyncConnection | AsyncSession,
     key: Hashable, callback: Callable[[], None],
 ) -> None:
-    """Run ``callback`` once when ``connection``'s current transaction commits; a second
-    call with the same ``key`` before then is a no-op."""
+    """Run ``callback`` once when ``connection``'s outermost transaction commits, and forget
+    it when that transaction rolls back or ends otherwise; a second call with the same
+    ``key`` before then is a no-op. A Connection announces its commit just before the
+    driver's COMMIT (there is no later event), a Session just after."""
     if isinstance(connection, AsyncSession):
         target: Any = connection.sync_session
     elif isinstance(connection, AsyncConnection):
@@ -41,8 +43,8 @@ def on_commit(
     if callbacks is None:
         callbacks = _pending[target] = {}
         if isinstance(target, Session):
-            event.listen(target, "after_commit", _fire)
-            event.listen(target, "after_rollback", _drop)
+            event.listen(target, "after_commit", _session_committed)
+            event.listen(target, "after_transaction_end", _session_ended)
         else:
             event.listen(target, "commit", _fire)
             event.listen(target, "rollback", _drop)
@@ -63,3 +65,16 @@ def _drop(target: Any) -> None:
     callbacks = _pending.get(target)
     if callbacks:
         callbacks.clear()
+
+
+def _session_committed(session: Session) -> None:
+    """A Session reports a savepoint's release as a commit too: wait for the outermost."""
+    if not session.in_nested_transaction():
+        _fire(session)
+
+
+def _session_ended(session: Session, transaction: Any) -> None:
+    """A Session's outermost transaction ended: after its commit nothing is left to run;
+    otherwise it rolled back or was closed without a commit, and its callbacks are dropped."""
+    if transaction.parent is None:
+        _drop(session)

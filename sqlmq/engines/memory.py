@@ -18,17 +18,16 @@ from __future__ import annotations
 import heapq
 import random
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from ..commit_hooks import on_commit
 from ..errors import PublishError
 from ..lifecycle import Outcome, State
 from ..records import HISTORY_LIMIT, Delivery, NewMessage, QueueStats, Settlement
@@ -337,7 +336,7 @@ class MemoryEngine:
                 self._store.add(rows)
                 self._writes += 1
         if target is not None:
-            _on_commit(target, lambda: self._commit(rows))
+            on_commit(target, object(), lambda: self._commit(rows))  # a key of its own
         return [r.id for r in rows]
 
     def _commit(self, rows: list[Row]) -> None:
@@ -430,10 +429,6 @@ class MemoryEngine:
 
 # ---- the caller's transaction ---------------------------------------------------------------
 
-#: Per transaction owner (a sync Connection or Session), what to run when it commits.
-_pending: weakref.WeakKeyDictionary[Any, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
-
-
 def _transaction_owner(executor: Any) -> Connection | Session:
     """The sync object whose events tell the commit, in a transaction by now: a row
     inserted on a connection outside one would begin one (SQLAlchemy's autobegin), and a
@@ -452,47 +447,6 @@ def _transaction_owner(executor: Any) -> Connection | Session:
         return executor
     raise PublishError(f"publish() takes a Connection, AsyncConnection, Session or "
                        f"AsyncSession, got {type(executor).__name__}")
-
-
-def _on_commit(target: Connection | Session, callback: Callable[[], None]) -> None:
-    """Run ``callback`` when ``target``'s outermost transaction commits; forget it when that
-    transaction rolls back or ends otherwise. A Connection announces its commit just before
-    the driver's COMMIT (there is no later event), a Session just after."""
-    callbacks = _pending.get(target)
-    if callbacks is None:
-        callbacks = _pending[target] = []
-        if isinstance(target, Session):
-            event.listen(target, "after_commit", _session_committed)
-            event.listen(target, "after_transaction_end", _session_ended)
-        else:
-            event.listen(target, "commit", _fire)
-            event.listen(target, "rollback", _drop)
-    callbacks.append(callback)
-
-
-def _fire(target: Any) -> None:
-    callbacks = _pending.get(target)
-    while callbacks:
-        callbacks.pop(0)()
-
-
-def _drop(target: Any) -> None:
-    callbacks = _pending.get(target)
-    if callbacks:
-        callbacks.clear()
-
-
-def _session_committed(session: Session) -> None:
-    """A Session reports a savepoint's release as a commit too: wait for the outermost."""
-    if not session.in_nested_transaction():
-        _fire(session)
-
-
-def _session_ended(session: Session, transaction: Any) -> None:
-    """A Session's outermost transaction ended: after its commit nothing is left to run;
-    otherwise it rolled back or was closed without a commit, and its publishes vanish."""
-    if transaction.parent is None:
-        _drop(session)
 
 
 __all__ = ["Archived", "MemoryEngine", "MemoryStore", "Row", "ready_key"]
