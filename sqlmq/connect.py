@@ -263,19 +263,46 @@ def _server_options(options: str) -> dict[str, str]:
     return settings
 
 
+#: Connection attempts whose caller was cancelled, left to finish (see :func:`_bounded`).
+_abandoned: set[asyncio.Future[Any]] = set()
+
+
 def _bounded(connect: Callable[..., Any], timeout_keyword: str,
              shown: str) -> Callable[..., Awaitable[Any]]:
     """``connect`` with the whole attempt bounded, failing with a message that says what
-    happened (asyncpg's own timeout raises a bare ``TimeoutError``)."""
+    happened (asyncpg's own timeout raises a bare ``TimeoutError``).
+
+    A caller cancelled meanwhile (a stopping subscriber, a caller's own timeout) does not
+    cancel the attempt: it runs on and the connection it makes is closed. asyncpg cancelled
+    while its socket opens closes it before the SSL answer, and the future that waited for
+    that answer then holds an error no one reads: asyncio logs "Future exception was never
+    retrieved ... unexpected connection_lost() call" as an error, with no cause to show.
+    """
 
     async def connect_within(*args: Any, **kwargs: Any) -> Any:
         timeout = float(kwargs.get(timeout_keyword) or DEFAULT_CONNECT_TIMEOUT)
+        attempt = asyncio.ensure_future(connect(*args, **kwargs))
         try:
-            return await asyncio.wait_for(connect(*args, **kwargs), timeout)
+            return await asyncio.wait_for(asyncio.shield(attempt), timeout)
         except TimeoutError:
+            # No answer: the attempt waits for the server's reply, where cancelling is clean.
+            attempt.cancel()
             raise _connect_timeout(shown, timeout) from None
+        except asyncio.CancelledError:
+            _abandoned.add(attempt)
+            attempt.add_done_callback(_close_abandoned)
+            raise
 
     return connect_within
+
+
+def _close_abandoned(attempt: asyncio.Future[Any]) -> None:
+    _abandoned.discard(attempt)
+    if attempt.cancelled() or attempt.exception() is not None:
+        return  # the caller has gone; its error would tell no one anything
+    conn = attempt.result()
+    with contextlib.suppress(Exception):
+        (getattr(conn, "terminate", None) or conn.close)()
 
 
 def _connect_timeout(shown: str, timeout: float) -> ConnectTimeout:

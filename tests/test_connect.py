@@ -4,6 +4,9 @@ connect timeouts, and drivers as optional extras."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import logging
 import socket
 import subprocess
 import sys
@@ -12,12 +15,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from sqlmq import Broker, ConnectTimeout
-from sqlmq.connect import safe_url
+from sqlmq.connect import _abandoned, safe_url
 
-from .conftest import MYSQL_URL, PG_URL, run_cli
+from .conftest import MYSQL_URL, PG_URL, run_cli, wait_until
 
 
 def _with(url: str, query: str) -> str:
@@ -199,6 +202,9 @@ import sqlmq, sqlmq.cli
 def test_sqlite_works_without_the_postgresql_and_mysql_drivers(tmp_path: object) -> None:
     code = BLOCKED + f"""
 import asyncio
+import contextlib
+import gc
+import logging
 async def main():
     broker = sqlmq.Broker("sqlite:///{tmp_path}/x.db")
     await broker.migrate()
@@ -231,3 +237,62 @@ def test_the_package_is_typed() -> None:
     import sqlmq
 
     assert (__import__("pathlib").Path(sqlmq.__file__).parent / "py.typed").exists()
+
+
+# ---- a connect cancelled part-way --------------------------------------------------------------
+
+@pytest.mark.parametrize("url", [PG_URL, MYSQL_URL], ids=["postgresql", "mariadb"])
+async def test_a_connect_cancelled_part_way_logs_nothing_and_leaves_no_connection(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelled at every step of the handshake, a connect ends quietly: asyncpg cancelled while
+    its socket opened left a future with an unread error, which asyncio logged as an error
+    ("Future exception was never retrieved") when a subscriber stopped mid-reconnect."""
+    name = f"sqlmq_cancel_{time.monotonic_ns()}"
+    observer = Broker(url)
+    if url == PG_URL:
+        tagged = _with(url, f"application_name={name}")
+    else:  # MariaDB has no application name: the connects log in as a user of their own
+        parts = make_url(url)
+        async with observer.db.begin() as conn:
+            await conn.execute(text(f"CREATE USER '{name}'@'%'"))
+            await conn.execute(text(f"GRANT ALL ON `{parts.database}`.* TO '{name}'@'%'"))
+        tagged = parts.set(username=name, password=None).render_as_string(hide_password=False)
+    broker = Broker(tagged)
+    try:
+        for step in range(60):
+            attempt = asyncio.ensure_future(_open_and_close(broker))
+            for _ in range(step):
+                await asyncio.sleep(0)
+            attempt.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await attempt
+            gc.collect()  # an unread future's error is logged when it is collected
+        # The abandoned attempts finish and close what they opened; the server then ends
+        # those sessions (their count falls to 0 within moments, never without the fix).
+        await wait_until(lambda: not _abandoned, message="the abandoned connects finished")
+        await broker.close()
+        gc.collect()
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        await wait_until(lambda: _no_sessions(observer, url, name),
+                         message="no connection left open by cancelled connects")
+    finally:
+        await broker.close()
+        if url != PG_URL:
+            async with observer.db.begin() as conn:
+                await conn.execute(text(f"DROP USER '{name}'@'%'"))
+        await observer.close()
+
+
+async def _open_and_close(broker: Broker) -> None:
+    async with broker.db.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+async def _no_sessions(observer: Broker, url: str, name: str) -> bool:
+    async with observer.db.connect() as conn:
+        if url == PG_URL:
+            sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name"
+        else:
+            sql = "SELECT count(*) FROM information_schema.processlist WHERE user = :name"
+        return (await conn.execute(text(sql), {"name": name})).scalar() == 0
