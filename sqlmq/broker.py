@@ -176,7 +176,7 @@ class Broker:
     # ---- subscribers ---------------------------------------------------------------------
 
     def subscriber(
-        self, queues: str | Sequence[str], *, workers: int = 8, fetch_batch: int = 100,
+        self, queues: str | Sequence[str], *, workers: int = 8, fetch_batch: int = 500,
         prefetch: int | None = None, min_fetch_interval: float = 0.0,
         max_fetch_interval: float = 1.0, flush_interval: float = 0.05, flush_batch: int = 500,
         max_unflushed: int = 10_000, lease: float = 30.0, renew_leases: bool = True,

@@ -51,7 +51,7 @@ class SubscriberConfig:
 
     queues: tuple[str, ...]
     workers: int = 8
-    fetch_batch: int = 100
+    fetch_batch: int = 500  # the most one acquire asks for (see runtime.fetcher.FetchSize)
     prefetch: int | None = None  # buffered, unstarted messages; default 2 × fetch_batch
     min_fetch_interval: float = 0.0
     max_fetch_interval: float = 1.0

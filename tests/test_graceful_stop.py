@@ -24,7 +24,9 @@ async def test_stop_returns_prefetched_messages_and_lets_running_handlers_finish
     started: list[int] = []
     release = asyncio.Event()
 
-    @broker.subscriber("work", workers=2, fetch_batch=10, prefetch=10, flush_interval=0.01)
+    # One acquire takes all twelve: two start, ten wait in the buffer (two free places are
+    # less than half a batch, too few to fetch for; runtime.fetcher.FetchSize).
+    @broker.subscriber("work", workers=2, fetch_batch=12, prefetch=12, flush_interval=0.01)
     async def handle(msg: Message) -> None:
         started.append(msg.id)
         await release.wait()

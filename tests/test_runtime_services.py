@@ -15,7 +15,7 @@ from sqlmq.lifecycle import Outcome, Settlement
 from sqlmq.records import Delivery
 from sqlmq.runtime import SubscriberRuntime
 from sqlmq.runtime.counters import RuntimeCounters
-from sqlmq.runtime.fetcher import Fetcher, _next_poll
+from sqlmq.runtime.fetcher import FETCH_FLOOR, Fetcher, FetchSize, _next_poll
 from sqlmq.runtime.flusher import ISOLATE_AFTER, Flusher
 from sqlmq.runtime.leases import Holdings, LeaseKeeper
 from sqlmq.runtime.quarantine import QUARANTINE_AFTER, Quarantine, is_suspect
@@ -44,9 +44,12 @@ class ScriptedEngine:
         self.down = False
         self.extends: list[list[tuple[int, int]]] = []
         self.acquires: list[int] = []
+        self.hold: asyncio.Event | None = None
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         self.acquires.append(limit)
+        if self.hold is not None:  # an acquire in flight until the test lets it land
+            await self.hold.wait()
         batch, self.ready = self.ready[:limit], self.ready[limit:]
         return batch
 
@@ -222,7 +225,7 @@ async def test_quarantine_hands_back_the_buffer_waits_for_handlers_and_runs_alon
         buffer.put_nowait(item)
     gate, idle, rooms = asyncio.Event(), asyncio.Event(), []
     gate.set()
-    q = Quarantine(config(), buffer, f, gate, lambda: rooms.append(1))
+    q = Quarantine(config(), buffer, f, gate, lambda: rooms.append(1), parked())
     seen: list[str] = []
 
     async def run(d: Delivery) -> Settlement:
@@ -241,6 +244,45 @@ async def test_quarantine_hands_back_the_buffer_waits_for_handlers_and_runs_alon
     refunds = [s for b in engine.settled for s in b if s.id in (2, 3)]
     assert all(s.outcome is Outcome.RELEASE and s.refund for s in refunds)
     assert engine.written == {1, 2, 3, 9} and gate.is_set() and rooms == [1]
+
+
+def parked() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+async def test_quarantine_waits_for_an_acquire_in_flight_and_hands_its_batch_back_first() -> None:
+    """A batch that lands after the gate closed is handed back and written before the suspect
+    runs: a crash then charges those messages nothing (it did, 4 deliveries for 2 expiries)."""
+    engine = ScriptedEngine()
+    engine.hold = asyncio.Event()
+    engine.ready = [delivery(5), delivery(6)]
+    f, _, _ = flusher(engine, flush_interval=3600)
+    gate, idle = asyncio.Event(), asyncio.Event()
+    gate.set()
+    idle.set()
+    fetch = Fetcher(engine, config(), RuntimeCounters(), Holdings(), [], gate, asyncio.Event(),
+                    asyncio.Event())
+    q = Quarantine(config(), fetch.buffer, f, gate, lambda: None, fetch.parked)
+    seen: list[str] = []
+
+    async def run(d: Delivery) -> Settlement:
+        seen.append(f"run {d.id}, written {sorted(engine.written)}")
+        return Settlement(d.id, d.deliveries, Outcome.COMPLETE)
+
+    fetch.start("test")
+    try:
+        await until(lambda: engine.acquires != [])
+        task = asyncio.create_task(q.run_alone(delivery(1), run, idle))
+        await asyncio.sleep(0.02)
+        assert seen == [] and not gate.is_set()  # the acquire is still out
+        assert not fetch.hand_over(delivery(7))  # a publish's hand-over goes back meanwhile
+        engine.hold.set()
+        await asyncio.wait_for(task, 5)
+        assert seen == ["run 1, written [5, 6]"] and fetch.buffer.empty()
+    finally:
+        await fetch.stop(1)
 
 
 # ---- fetcher -------------------------------------------------------------------------------
@@ -305,6 +347,39 @@ async def test_fetcher_takes_a_hand_over_while_idle_and_refuses_it_once_stopping
 def test_fetcher_polls_adaptively(idle: float, got: int, limit: int,
                                   expected: tuple[float, float]) -> None:
     assert _next_poll(config(), idle, got, limit) == expected
+
+
+def test_fetch_size_grows_while_the_workers_outrun_the_fetcher_and_shrinks_when_caught_up(
+) -> None:
+    size = FetchSize(fetch_batch=500, prefetch=1000, workers=8)
+    assert size.size == FETCH_FLOOR and size.limit(0) == FETCH_FLOOR
+    grown = []
+    for _ in range(8):  # a deep backlog: full batches, the buffer empty when each returns
+        limit = size.limit(0)
+        size.observe(limit, limit, 0)
+        grown.append(size.size)
+    assert grown == [32, 64, 128, 256, 500, 500, 500, 500]  # doubling up to fetch_batch
+    size.observe(500, 500, 120)  # full, but the workers still had work: no bigger
+    assert size.size == 500
+    size.observe(200, 500, 0)  # short: the backlog is caught up
+    size.observe(3, 250, 0)
+    assert size.size == 125
+    for _ in range(5):
+        size.observe(0, size.size, 0)
+    assert size.size == FETCH_FLOOR
+
+
+def test_fetch_size_keeps_two_batches_buffered_within_prefetch() -> None:
+    size = FetchSize(fetch_batch=500, prefetch=1000, workers=8)
+    size.size = 400
+    assert size.limit(0) == 400 and size.limit(500) == 300  # up to two batches
+    assert size.limit(601) == 0  # less than half a batch free: not worth a round trip
+    small = FetchSize(fetch_batch=3, prefetch=4, workers=8)
+    assert (small.floor, small.limit(0), small.limit(3), small.limit(4)) == (3, 3, 1, 0)
+    many = FetchSize(fetch_batch=500, prefetch=1000, workers=64)
+    assert many.size == 64  # at least a batch for every worker
+    capped = FetchSize(fetch_batch=500, prefetch=10, workers=64)
+    assert capped.ceiling == capped.size == 10 and capped.limit(0) == 10
 
 
 # ---- workers, through the composed runtime -------------------------------------------------

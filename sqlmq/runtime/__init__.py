@@ -1,9 +1,10 @@
 """The subscriber runtime: small services that move messages between the database and a
 subscriber's handler, composed by :class:`SubscriberRuntime`.
 
-* :class:`~.fetcher.Fetcher` acquires batches into a bounded prefetch buffer, polling
-  adaptively and woken at once by in-process publishes (and NOTIFY on PostgreSQL), and
-  takes deliveries a publish hands over;
+* :class:`~.fetcher.Fetcher` acquires batches, sized by :class:`~.fetcher.FetchSize`, into
+  a bounded prefetch buffer (:class:`~.buffer.WorkBuffer`), polling adaptively and woken
+  at once by in-process publishes (and NOTIFY on PostgreSQL), and takes deliveries a
+  publish hands over;
 * :class:`~.workers.Workers` run the handler and turn what happened into a settlement
   (:func:`sqlmq.lifecycle.decide`);
 * :class:`~.flusher.Flusher` writes settlements in batches, one engine call per batch,
@@ -59,7 +60,8 @@ class SubscriberRuntime:
                                gate, room, wakeup)
         self.leases = LeaseKeeper(engine, cfg, self.counters, self.holdings,
                                   self.flusher.results)
-        self.quarantine = Quarantine(cfg, self.fetcher.buffer, self.flusher, gate, room.set)
+        self.quarantine = Quarantine(cfg, self.fetcher.buffer, self.flusher, gate, room.set,
+                                     self.fetcher.parked)
         self.workers = Workers(cfg, self.adapter, self.name, self.fetcher.buffer, room.set,
                                self.holdings, self.leases, self.flusher, self.quarantine)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..lifecycle import Ending, Policy, Settlement, decide
 from ..records import Delivery
+from .buffer import WorkBuffer
 from .flusher import Flusher
 
 #: Consecutive lease expiries after which a message runs in quarantine.
@@ -30,14 +31,19 @@ def is_suspect(history: list[dict[str, Any]]) -> bool:
 
 
 class Quarantine:
-    """Runs a suspect delivery alone: closes the gate (no fetching, no starting), hands the
-    buffered deliveries back, waits for running handlers, flushes, runs the suspect, and
-    flushes its result before opening the gate again."""
+    """Runs a suspect delivery alone: closes the gate (no fetching, no starting), waits for
+    an acquire in flight to land, hands the buffered deliveries back, waits for running
+    handlers, flushes, runs the suspect, and flushes its result before opening the gate
+    again."""
 
-    def __init__(self, policy: Policy, buffer: asyncio.Queue[Delivery | None],
-                 flusher: Flusher, gate: asyncio.Event, room: Callable[[], None]) -> None:
+    def __init__(self, policy: Policy, buffer: WorkBuffer[Delivery | None],
+                 flusher: Flusher, gate: asyncio.Event, room: Callable[[], None],
+                 fetch_parked: asyncio.Event) -> None:
         self.policy = policy
         self.buffer = buffer
+        #: Set while no acquire is out: what one in flight brings back must be handed back
+        #: and flushed too, or the suspect's crash charges it an expired lease.
+        self._fetch_parked = fetch_parked
         self.flusher = flusher
         self._room = room  # tells the fetcher it may go on
         #: Open (set) unless a suspect runs: the fetcher waits on it, a worker that finds it
@@ -51,6 +57,7 @@ class Quarantine:
         async with self._lock:
             self.gate.clear()
             try:
+                await self._fetch_parked.wait()
                 self._hand_back_buffered()
                 await idle.wait()
                 # Hand-backs and finished results must be durable before the suspect runs,

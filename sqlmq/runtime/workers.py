@@ -21,6 +21,7 @@ from ..lifecycle import (
 )
 from ..message import LeaseHandle, Message
 from ..records import Delivery
+from .buffer import WorkBuffer
 from .flusher import Flusher
 from .leases import Holdings
 from .quarantine import Quarantine, is_suspect
@@ -42,7 +43,7 @@ class Workers:
     :meth:`stop` is logged and replaced, its delivery given back."""
 
     def __init__(self, cfg: SubscriberConfig, adapter: HandlerAdapter, name: str,
-                 buffer: asyncio.Queue[Delivery | None], room: Callable[[], None],
+                 buffer: WorkBuffer[Delivery | None], room: Callable[[], None],
                  holdings: Holdings, leases: LeaseHandle, flusher: Flusher,
                  quarantine: Quarantine) -> None:
         self.cfg = cfg
