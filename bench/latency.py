@@ -86,7 +86,7 @@ def url_for_role(db: str) -> str:
     return db if "://" in db else url_for(db)
 
 
-def _read_json(proc: subprocess.Popen[str], key: str, timeout: float) -> dict[str, Any]:
+def read_json(proc: subprocess.Popen[str], key: str, timeout: float) -> dict[str, Any]:
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -131,12 +131,12 @@ def _run_pair(consumer_args: list[str], publisher_args: list[str], expected: int
     consumer = spawn(consumer_args, peer_side=peer_side)
     procs = []
     try:
-        _read_json(consumer, "ready", 60)
+        read_json(consumer, "ready", 60)
         procs = [spawn(publisher_args, peer_side=peer_side) for _ in range(publishers)]
-        achieved = sum(_read_json(p, "rate", 4 * seconds + 120)["rate"] for p in procs)
+        achieved = sum(read_json(p, "rate", 4 * seconds + 120)["rate"] for p in procs)
         for p in procs:
             p.wait(30)
-        got = _read_json(consumer, "latencies", 4 * seconds + 180)
+        got = read_json(consumer, "latencies", 4 * seconds + 180)
         consumer.wait(30)
     finally:
         for p in [consumer, *procs]:

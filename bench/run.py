@@ -4,6 +4,9 @@
     .venv/bin/python -m bench.run fresh --db postgresql [--rate 500 --load-seconds 60]
                                     [--analyzed-empty]
     .venv/bin/python -m bench.run workers --db postgresql [--workers 1,4,16,64,256]
+    .venv/bin/python -m bench.run processes --db postgresql [--processes 1,2,4]
+    .venv/bin/python -m bench.run held [--held-rate 2000 --held-seconds 300 --hold-at 60
+                                    --hold 180]
 
 Prints one table per benchmark (medians over ``--repeat`` rounds; ratios are taken within
 each round, then their median), followed by the command line that reproduces it. Run
@@ -31,7 +34,8 @@ DEFAULT_N = 100_000
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["drain", "publish", "latency", "fresh", "workers", "all"])
+    p.add_argument("what", choices=["drain", "publish", "latency", "fresh", "workers",
+                                    "processes", "held", "all"])
     p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
     p.add_argument("--n", type=int, default=DEFAULT_N, help="messages per drain")
     p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported")
@@ -53,6 +57,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-peer", action="store_true", help="skip PGQueuer")
     p.add_argument("--workers", default="1,4,16,64,256",
                    help="workers: the worker counts to sweep")
+    p.add_argument("--processes", default="1,2,4",
+                   help="processes: the worker process counts to try")
+    p.add_argument("--held-rate", type=float, default=2000.0, help="held: messages per second")
+    p.add_argument("--held-seconds", type=float, default=300.0, help="held: publishing time")
+    p.add_argument("--hold-at", type=float, default=60.0,
+                   help="held: seconds into the run when the transaction opens")
+    p.add_argument("--hold", type=float, default=180.0,
+                   help="held: seconds the transaction stays open")
     return p.parse_args(argv)
 
 
@@ -67,18 +79,7 @@ def run_drain(args: argparse.Namespace) -> str:
 
     out = []
     for db in dbs(args):
-        with_peer = db == "postgresql" and not args.no_peer
-        best: tuple[int, int] | None = None
-        sweep_rows = []
-        if with_peer:
-            best_rate = 0.0
-            for procs in _ints(args.peer_procs):
-                for batch in _ints(args.peer_batches):
-                    rate = args.sweep_n / drain_pgqueuer(args.sweep_n, batch, procs)
-                    sweep_rows.append((f"batch_size={batch}, processes={procs}", rate))
-                    _log(f"pgqueuer sweep batch={batch} procs={procs}: {rate:,.0f} msg/s")
-                    if rate > best_rate:
-                        best, best_rate = (batch, procs), rate
+        best, sweep_rows = pgqueuer_best(args, db)
         rounds: list[dict[str, float]] = []
         for r in range(args.repeat):
             got: dict[str, float] = {}
@@ -120,6 +121,26 @@ def run_drain(args: argparse.Namespace) -> str:
                      f"plpgsql DO loop, {LIMIT_BATCH} per batch, COMMIT after each")
         out.append(text)
     return "\n\n".join(out)
+
+
+def pgqueuer_best(args: argparse.Namespace, db: str
+                  ) -> tuple[tuple[int, int] | None, list[tuple[str, float]]]:
+    """PGQueuer's best (batch size, processes) on PostgreSQL, and the sweep that found it."""
+    from .drain import drain_pgqueuer
+
+    if db != "postgresql" or args.no_peer:
+        return None, []
+    best: tuple[int, int] | None = None
+    best_rate = 0.0
+    sweep_rows = []
+    for procs in _ints(args.peer_procs):
+        for batch in _ints(args.peer_batches):
+            rate = args.sweep_n / drain_pgqueuer(args.sweep_n, batch, procs)
+            sweep_rows.append((f"batch_size={batch}, processes={procs}", rate))
+            _log(f"pgqueuer sweep batch={batch} procs={procs}: {rate:,.0f} msg/s")
+            if rate > best_rate:
+                best, best_rate = (batch, procs), rate
+    return best, sweep_rows
 
 
 # ---- publish -------------------------------------------------------------------------------
@@ -209,27 +230,108 @@ def run_fresh(args: argparse.Namespace) -> str:
 # ---- workers sweep -------------------------------------------------------------------------
 
 def run_workers(args: argparse.Namespace) -> str:
+    from .drain import drain_pgqueuer
     from .workers import HANDLERS, default_workers, drain_with, messages_for, sweep_cases
 
     out = []
     for db in dbs(args):
-        rows = []
-        for handler, sleep in HANDLERS.items():
-            for label, options in sweep_cases(_ints(args.workers)):
-                n = messages_for(sleep, int(options.get("workers", default_workers())), args.n)
-                rates = [asyncio.run(drain_with(db, n, options, sleep))
-                         for _ in range(args.repeat)]
-                _log(f"{db} {handler} {label}: {median(rates):,.0f} msg/s ({n:,} messages)")
-                rows.append([handler, label, n, median(rates), min(rates), max(rates)])
+        best_peer, sweep_rows = pgqueuer_best(args, db)
+        cases = [(handler, sleep, label, options,
+                  messages_for(sleep, int(options.get("workers", default_workers())), args.n))
+                 for handler, sleep in HANDLERS.items()
+                 for label, options in sweep_cases(_ints(args.workers))]
+        rates: dict[int, list[float]] = {i: [] for i in range(len(cases))}
+        peer_rates: list[float] = []
+        for r in range(args.repeat):
+            # Rounds, so that every case sees the same noise, each starting one case later:
+            # a drain runs faster or slower for what ran just before it (PGQueuer's dropped
+            # tables, a checkpoint), and no case should always come first.
+            order = list(range(len(cases)))
+            order = order[r % len(order):] + order[:r % len(order)]
+            for i in order:
+                handler, sleep, label, options, n = cases[i]
+                rates[i].append(asyncio.run(drain_with(db, n, options, sleep)))
+                _log(f"{db} round {r + 1} {handler} {label}: {rates[i][-1]:,.0f} msg/s")
+            if best_peer is not None:
+                peer_rates.append(args.n / drain_pgqueuer(args.n, *best_peer))
+                _log(f"{db} round {r + 1} pgqueuer: {peer_rates[-1]:,.0f} msg/s")
+        rows: list[list[Any]] = []
+        for i, (handler, _, label, _, n) in enumerate(cases):
+            rows.append([handler, label, n, median(rates[i]), min(rates[i]), max(rates[i])])
+        for handler in HANDLERS:
             best = max(r[3] for r in rows if r[0] == handler)
             for r in rows:
-                if r[0] == handler and len(r) == 6:
+                if r[0] == handler:
                     r.append(f"{100 * r[3] / best:.0f}%")
-        out.append(table(
+        text = table(
             f"workers sweep on {db}: drain with only the options shown (the rest default), "
-            f"one process, median of {args.repeat} (msg/s; share of the handler's best)",
-            ["handler", "options", "messages", "median", "min", "max", "of best"], rows))
+            f"one process, median of {args.repeat} rounds (msg/s; share of the handler's "
+            f"best)", ["handler", "options", "messages", "median", "min", "max", "of best"],
+            rows)
+        if peer_rates:
+            defaults = rates[0]
+            text += "\n" + table(
+                f"PGQueuer, best of the sweep (batch_size={best_peer[0]}, "  # type: ignore[index]
+                f"processes={best_peer[1]}), in the same rounds",  # type: ignore[index]
+                ["", "value"],
+                [["PGQueuer msg/s (median)", median(peer_rates)],
+                 ["sqlmq defaults / PGQueuer (median of per-round ratios)",
+                  f"{median([d / p for d, p in zip(defaults, peer_rates, strict=True)]):.2f}x"]])
+            text += table("PGQueuer sweep (msg/s)", ["configuration", "msg/s"], sweep_rows)
+        out.append(text)
     return "\n\n".join(out)
+
+
+# ---- processes curve -----------------------------------------------------------------------
+
+def run_processes(args: argparse.Namespace) -> str:
+    from .processes import drain_processes
+
+    out = []
+    for db in dbs(args):
+        counts = _ints(args.processes)
+        got: dict[int, list[tuple[float, list[int], dict[str, float]]]] = {c: [] for c in counts}
+        for r in range(args.repeat):  # rounds, so that every count sees the same noise
+            for c in counts:
+                got[c].append(asyncio.run(drain_processes(db, args.n, c)))
+                _log(f"{db} round {r + 1} processes={c}: {got[c][-1][0]:,.0f} msg/s, "
+                     f"shares {got[c][-1][1]}, cpu {got[c][-1][2]}")
+        one = median([g[0] for g in got[counts[0]]])
+        rows = []
+        for c in counts:
+            rates = [g[0] for g in got[c]]
+            cpu = {k: median([g[2][k] for g in got[c]]) for k in ("machine", "workers", "rest")}
+            shares = got[c][len(got[c]) // 2][1]
+            rows.append([c, median(rates), min(rates), max(rates),
+                         f"{median(rates) / one:.2f}x", f"{cpu['machine']:.2f}",
+                         f"{cpu['workers']:.2f}", f"{cpu['rest']:.2f}",
+                         " / ".join(f"{100 * x / sum(shares):.0f}%" for x in shares)])
+        out.append(table(
+            f"processes curve on {db}: {args.n:,} messages drained by N processes, each one "
+            f"subscriber on the defaults, no-op handler, median of {args.repeat} rounds; CPU "
+            f"in cores of {os.cpu_count()} (the rest: the database and the orchestrator)",
+            ["processes", "msg/s", "min", "max", "vs 1", "CPU all", "CPU workers",
+             "CPU rest", "share per process"], rows))
+    return "\n\n".join(out)
+
+
+# ---- sustained load with a held transaction -------------------------------------------------
+
+def run_held(args: argparse.Namespace) -> str:
+    from .held_xact import RESULTS, held_transaction, plot
+
+    rows, summary = asyncio.run(held_transaction(args.held_rate, args.held_seconds,
+                                                 args.hold_at, args.hold))
+    png = RESULTS / f"held-xact-{time.strftime('%Y-%m-%d')}.png"
+    plot(rows, summary, png)
+    return table(
+        f"sustained load on postgresql with a held transaction: {summary}; one subscriber "
+        f"process on the defaults, no-op handler (plot: {png.relative_to(png.parents[2])})",
+        ["window", "held", "msg/s", "p50 ms", "p99 ms", "dead tuples", "table MB",
+         "autovacuums", "versions/msg", "HOT share"],
+        [[r["window"], "yes" if r["held"] else "", r["msg/s"], r["p50"], r["p99"], r["dead"],
+          f"{r['MB']:.1f}", r["autovacuums"], f"{r['versions/msg']:.2f}",
+          f"{100 * r['hot']:.0f}%"] for r in rows])
 
 
 # ---- main ----------------------------------------------------------------------------------
@@ -259,7 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     what = ["drain", "publish", "latency"] if args.what == "all" else [args.what]
     for name in what:  # each table as soon as it is done
         print({"drain": run_drain, "publish": run_publish, "latency": run_latency,
-               "fresh": run_fresh, "workers": run_workers}[name](args) + "\n", flush=True)
+               "fresh": run_fresh, "workers": run_workers,
+               "processes": run_processes, "held": run_held}[name](args) + "\n", flush=True)
     print(f"\n{conditions()}")
     print(f"reproduce: .venv/bin/python -m bench.run {shlex.join(argv)}")
 
