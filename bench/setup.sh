@@ -5,7 +5,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
 uv="$root/.venv/bin/uv"
-"$uv" pip install --python "$root/.venv/bin/python" --quiet "py-spy>=0.4" "pyinstrument>=5"
+"$uv" pip install --python "$root/.venv/bin/python" --quiet -e "$root[bench]"
 if [ ! -x "$here/.venv-pgqueuer/bin/python" ]; then
     "$uv" venv --quiet --python "$root/.venv/bin/python" "$here/.venv-pgqueuer"
 fi
