@@ -287,13 +287,18 @@ def _bounded(connect: Callable[..., Any], timeout_keyword: str,
         except TimeoutError:
             # No answer: the attempt waits for the server's reply, where cancelling is clean.
             attempt.cancel()
+            _abandon(attempt)
             raise _connect_timeout(shown, timeout) from None
         except asyncio.CancelledError:
-            _abandoned.add(attempt)
-            attempt.add_done_callback(_close_abandoned)
+            _abandon(attempt)
             raise
 
     return connect_within
+
+
+def _abandon(attempt: asyncio.Future[Any]) -> None:
+    _abandoned.add(attempt)
+    attempt.add_done_callback(_close_abandoned)
 
 
 def _close_abandoned(attempt: asyncio.Future[Any]) -> None:
