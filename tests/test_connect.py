@@ -202,9 +202,6 @@ import sqlmq, sqlmq.cli
 def test_sqlite_works_without_the_postgresql_and_mysql_drivers(tmp_path: object) -> None:
     code = BLOCKED + f"""
 import asyncio
-import contextlib
-import gc
-import logging
 async def main():
     broker = sqlmq.Broker("sqlite:///{tmp_path}/x.db")
     await broker.migrate()
