@@ -14,6 +14,7 @@ import pytest
 from sqlmq.lifecycle import Outcome, Settlement
 from sqlmq.records import Delivery
 from sqlmq.runtime import SubscriberRuntime
+from sqlmq.runtime.buffer import WorkBuffer
 from sqlmq.runtime.counters import RuntimeCounters
 from sqlmq.runtime.fetcher import FETCH_FLOOR, Fetcher, FetchSize, _next_poll
 from sqlmq.runtime.flusher import ISOLATE_AFTER, Flusher
@@ -92,6 +93,13 @@ def config(**kw: Any) -> SubscriberConfig:
 def flusher(engine: ScriptedEngine, **kw: Any) -> tuple[Flusher, Holdings, RuntimeCounters]:
     holdings, counters = Holdings(), RuntimeCounters()
     return Flusher(engine, config(**kw), counters, holdings, lambda: None), holdings, counters
+
+
+def open_event() -> asyncio.Event:
+    """An event already set: an open gate, idle workers, a parked fetcher."""
+    event = asyncio.Event()
+    event.set()
+    return event
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -220,12 +228,11 @@ def test_a_suspect_is_a_message_whose_last_deliveries_all_expired() -> None:
 async def test_quarantine_hands_back_the_buffer_waits_for_handlers_and_runs_alone() -> None:
     engine = ScriptedEngine()
     f, _, _ = flusher(engine, flush_interval=3600)
-    buffer: asyncio.Queue[Delivery | None] = asyncio.Queue()
+    buffer: WorkBuffer[Delivery | None] = WorkBuffer()
     for item in (delivery(2), None, delivery(3)):
         buffer.put_nowait(item)
-    gate, idle, rooms = asyncio.Event(), asyncio.Event(), []
-    gate.set()
-    q = Quarantine(config(), buffer, f, gate, lambda: rooms.append(1), parked())
+    gate, idle, rooms = open_event(), asyncio.Event(), []
+    q = Quarantine(config(), buffer, f, gate, lambda: rooms.append(1), open_event())
     seen: list[str] = []
 
     async def run(d: Delivery) -> Settlement:
@@ -246,12 +253,6 @@ async def test_quarantine_hands_back_the_buffer_waits_for_handlers_and_runs_alon
     assert engine.written == {1, 2, 3, 9} and gate.is_set() and rooms == [1]
 
 
-def parked() -> asyncio.Event:
-    event = asyncio.Event()
-    event.set()
-    return event
-
-
 async def test_quarantine_waits_for_an_acquire_in_flight_and_hands_its_batch_back_first() -> None:
     """A batch that lands after the gate closed is handed back and written before the suspect
     runs: a crash then charges those messages nothing (it did, 4 deliveries for 2 expiries)."""
@@ -259,11 +260,8 @@ async def test_quarantine_waits_for_an_acquire_in_flight_and_hands_its_batch_bac
     engine.hold = asyncio.Event()
     engine.ready = [delivery(5), delivery(6)]
     f, _, _ = flusher(engine, flush_interval=3600)
-    gate, idle = asyncio.Event(), asyncio.Event()
-    gate.set()
-    idle.set()
-    fetch = Fetcher(engine, config(), RuntimeCounters(), Holdings(), [], gate, asyncio.Event(),
-                    asyncio.Event())
+    gate, idle = open_event(), open_event()
+    fetch = fetcher(engine, gate=gate)
     q = Quarantine(config(), fetch.buffer, f, gate, lambda: None, fetch.parked)
     seen: list[str] = []
 
@@ -288,11 +286,10 @@ async def test_quarantine_waits_for_an_acquire_in_flight_and_hands_its_batch_bac
 # ---- fetcher -------------------------------------------------------------------------------
 
 def fetcher(engine: ScriptedEngine, results: list[Settlement] | None = None,
-            **kw: Any) -> Fetcher:
-    gate = asyncio.Event()
-    gate.set()
+            gate: asyncio.Event | None = None, **kw: Any) -> Fetcher:
     return Fetcher(engine, config(**kw), RuntimeCounters(), Holdings(),
-                   [] if results is None else results, gate, asyncio.Event(), asyncio.Event())
+                   [] if results is None else results, gate or open_event(), asyncio.Event(),
+                   asyncio.Event())
 
 
 async def test_fetcher_fills_the_buffer_up_to_prefetch_and_no_further() -> None:
