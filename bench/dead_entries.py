@@ -1,25 +1,23 @@
-"""Acquire over dead ready-index entries under a pinned xmin horizon (PostgreSQL), the
-statement sqlmq runs against two bounded variants it could run.
+"""Acquire over dead ready-index entries under a pinned xmin horizon (PostgreSQL): the
+statement acquire runs without floors, the one it runs with them, and the sweep below them.
 
-Why the held-transaction run (``bench.run held``) slows down: while another session's
+Why the held-transaction run (``bench.run held``) slowed down: while another session's
 snapshot pins the horizon, the ready-index entry of every consumed message stays, pointing
 to a row version that is dead to everyone but that session, so it is neither removed nor
-marked dead in the index. acquire reads the index from the start of the queue's section,
-twice (the priority-level probe, then the level's range), and checks each such entry
-against the heap before it reaches the first ready message: its cost grows with the
-messages consumed since the snapshot was taken.
+marked dead in the index. Without floors (ACQUIRE, what a queue's first acquire runs)
+acquire reads the index from the start of the queue's section, twice (the priority-level
+probe, then the level's range), and checks each such entry against the heap before it
+reaches the first ready message: its cost grows with the messages consumed since the
+snapshot was taken.
 
-The variants bound the scan below by a floor on ``next_attempt_at`` (here: the database's
-time just before the fresh messages were published):
+* ``no floors``: ACQUIRE;
+* ``floor``: ACQUIRE_ABOVE_FLOORS with the level known and its floor at the database's time
+  just before the fresh messages were published: nothing below the floor is read;
+* ``sweep``: SWEEP_BELOW_FLOORS with that floor, what the engine runs once a second on
+  another connection to find messages that became ready below a floor; it reads what
+  ``no floors`` read, once.
 
-* ``floor``: the range scan starts at the floor; the level probe still walks the dead
-  entries, but rejects them on the index tuple, without the heap;
-* ``floor, level known``: the level is given instead of probed, so nothing below the floor
-  is read at all.
-
-Neither variant is what acquire runs; a floor needs a rule for messages that become ready
-below it (a transaction that published long before it committed), which this does not
-build. Usage::
+Usage::
 
     .venv/bin/python -m bench.dead_entries [--dead 0,20000,100000,300000]
 """
@@ -49,18 +47,12 @@ SELECT 'q', '{{}}', '\\x78', 'PENDING', 0, 0, now(), now(), 0 FROM generate_seri
 """
 
 
-def variants(m: str) -> dict[str, str]:
-    """The statement as it is, and the two bounded by ``$4``."""
-    as_is = sql.ACQUIRE.replace("{m}", m)
-    bounded = as_is.replace("AND next_attempt_at <= now()",
-                            "AND next_attempt_at >= $4 AND next_attempt_at <= now()")
-    probe_bounded = bounded.replace(
-        "WHERE queue = $1 AND next_attempt_at IS NOT NULL\n     ORDER BY",
-        "WHERE queue = $1 AND next_attempt_at >= $4\n     ORDER BY")
-    known = bounded[:bounded.index("WITH RECURSIVE")] + "WITH levels(p) AS (SELECT 0), " \
-        + bounded[bounded.index("ready AS ("):]
-    assert as_is != bounded != probe_bounded != known
-    return {"as is": as_is, "floor": probe_bounded, "floor, level known": known}
+def statements_of(m: str) -> dict[str, str]:
+    """What acquire runs without floors (the first acquire of a queue), with them, and the
+    sweep that looks below them on another connection."""
+    return {"no floors": sql.ACQUIRE.replace("{m}", m),
+            "floor": sql.ACQUIRE_ABOVE_FLOORS.replace("{m}", m),
+            "sweep": sql.SWEEP_BELOW_FLOORS.replace("{m}", m)}
 
 
 async def measure(dead_targets: list[int]) -> list[list[Any]]:
@@ -73,13 +65,15 @@ async def measure(dead_targets: list[int]) -> list[list[Any]]:
     try:
         await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         await holder.fetchval("SELECT 1")  # the snapshot pins the horizon from here on
+        await conn.execute(sql.INDEX_PLANS_ON)  # the planner settings the engine's acquire has
         insert = await conn.prepare(INSERT.format(m=m))
-        statements = {name: await conn.prepare(text) for name, text in variants(m).items()}
+        statements = {name: await conn.prepare(text)
+                      for name, text in statements_of(m).items()}
         consumed = 0
         for target in dead_targets:
             while consumed < target:  # publish, acquire and delete, as a drain does
                 await insert.fetch(min(5000, target - consumed))
-                taken = await statements["as is"].fetch("q", 5000, 30.0)
+                taken = await statements["no floors"].fetch("q", 5000, 30.0)
                 await conn.execute(f"DELETE FROM {m} WHERE id = ANY($1::bigint[])",
                                    [r[0] for r in taken])
                 consumed += len(taken)
@@ -87,12 +81,20 @@ async def measure(dead_targets: list[int]) -> list[list[Any]]:
             for name, statement in statements.items():
                 elapsed = []
                 for _ in range(TRIES):
-                    floor = await conn.fetchval("SELECT now()")
+                    floor = await conn.fetchval("SELECT date_part('epoch', now())")
                     await insert.fetch(FRESH)
-                    args: tuple[Any, ...] = () if name == "as is" else (floor,)
                     started = time.perf_counter()
-                    taken = await statement.fetch("q", 500, 30.0, *args)
-                    elapsed.append((time.perf_counter() - started) * 1000)
+                    if name == "sweep":  # timed alone; the messages are then taken above it
+                        found = await statement.fetch("q", [0], [floor])
+                        elapsed.append((time.perf_counter() - started) * 1000)
+                        assert found[0][1] is None, found  # nothing ready below the floor
+                        taken = await statements["floor"].fetch("q", 500, 30.0, [0], [floor])
+                    elif name == "floor":
+                        taken = await statement.fetch("q", 500, 30.0, [0], [floor])
+                    else:
+                        taken = await statement.fetch("q", 500, 30.0)
+                    if name != "sweep":
+                        elapsed.append((time.perf_counter() - started) * 1000)
                     assert len(taken) == FRESH, (name, len(taken))
                     await conn.execute(f"DELETE FROM {m} WHERE id = ANY($1::bigint[])",
                                        [r[0] for r in taken])
@@ -117,7 +119,7 @@ def main(argv: list[str]) -> None:
     rows = asyncio.run(measure([int(n) for n in args.dead.split(",")]))
     print(table(f"acquire of {FRESH} ready messages behind dead ready-index entries, a "
                 f"snapshot held open (ms, median of {TRIES})",
-                ["dead entries", "as is", "floor", "floor, level known"], rows))
+                ["dead entries", "no floors", "floor", "sweep (another connection)"], rows))
     print(f"\nreproduce: .venv/bin/python -m bench.dead_entries --dead {args.dead}")
 
 

@@ -11,6 +11,7 @@ itself hash-joins the batch to a scan of the whole table.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -31,8 +32,9 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("db_kind", ["postgresql"])
 @pytest.mark.parametrize(("rows", "batch"), [(200_000, 100), (20_000, 500)])
+@pytest.mark.parametrize("floors", ["none", "known level", "unknown level"])
 async def test_acquire_reads_the_ready_index_without_scanning_a_large_table(
-    broker: Broker, rows: int, batch: int
+    broker: Broker, rows: int, batch: int, floors: str
 ) -> None:
     m = broker.schema.message.name
     async with broker.db.begin() as conn:
@@ -49,9 +51,20 @@ async def test_acquire_reads_the_ready_index_without_scanning_a_large_table(
             FROM generate_series(1, {rows}) AS g
         """))
         await conn.execute(text(f"ANALYZE {m}"))
-        statement = render(postgresql.ACQUIRE, broker.engine.names)  # type: ignore[attr-defined]
-        result = await conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement,
-                                            ("q1", batch, 30.0))
+        if floors == "none":  # what the Spark source leases with
+            statement = postgresql.ACQUIRE
+            args: tuple[Any, ...] = ("q1", batch, 30.0)
+        else:  # what the engine acquires with: level 0 known (its floor a minute ago) or not
+            # With the planner settings the engine sets for it: a range bounded on both sides
+            # is estimated small, and left to itself the planner bitmap-scans it and sorts.
+            for setting in postgresql.INDEX_PLANS_ON.split(";"):
+                await conn.exec_driver_sql(setting)
+            statement = postgresql.ACQUIRE_ABOVE_FLOORS
+            known = floors == "known level"
+            args = ("q1", batch, 30.0, [0] if known else [], [time.time() - 60] if known else [])
+        result = await conn.exec_driver_sql(
+            "EXPLAIN (FORMAT JSON) " + render(statement, broker.engine.names),  # type: ignore[attr-defined]
+            args)
         raw = result.scalar_one()
     plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
     nodes = _nodes(plan)
@@ -123,7 +136,9 @@ async def test_acquire_and_settle_plans_do_not_depend_on_the_statistics_of_a_new
         names = {r["statement"]: r["name"] for r in await raw.fetch(
             "SELECT name, statement FROM pg_prepared_statements")}
         calls = {
-            "acquire": f"EXECUTE {names[engine._acquire_one]}('q1', 100, 30.0)",
+            "acquire": f"EXECUTE {names[engine._acquire_one]}('q1', 100, 30.0, '{{}}', '{{}}')",
+            "acquire above a floor": f"EXECUTE {names[engine._acquire_one]}"
+                                     "('q1', 100, 30.0, '{0}', '{1795000000}')",
             "settle": f"EXECUTE {names[engine._settle]}('{{1}}', '{{1}}', '{{COMPLETED}}', "
                       "'{NULL}', '{0}', '{0}', '{1}', '{NULL}')",
         }

@@ -39,6 +39,7 @@ from .base import (
 from .contract import WakeSource
 from .paramstyles import DriverStatement, for_paramstyle
 from .pg_errors import connection_lost, from_driver, never_sent
+from .pg_floors import ReadyFloors
 from .pg_notify import Listener, channel_for
 from .pg_publish import PG_COPY_COLUMNS, PG_COPY_MIN, insert_args, pg_copy_args, pg_copy_data
 from .sql import postgresql as sql
@@ -209,7 +210,10 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         super().__init__(*args, **kwargs)
         names = self.names
         self.channel = channel_for(self.schema)  # NOTIFY's channel, one per table prefix
-        self._acquire_one = render(sql.ACQUIRE, names)
+        self._acquire_one = render(sql.ACQUIRE_ABOVE_FLOORS, names)
+        self._sweep_below = render(sql.SWEEP_BELOW_FLOORS, names)
+        #: What earlier acquires of each queue proved taken (see :mod:`.pg_floors`).
+        self.floors = ReadyFloors()
         self._acquire_many = render(sql.ACQUIRE_QUEUES, names)
         self._settle = render(sql.SETTLE, names)
         self._insert = render(sql.INSERT, names)
@@ -285,8 +289,12 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         if len(queues) == 1:
-            rows = await self._fetch(self._acquire_one, queues[0], limit, float(lease),
-                                     index_plans=True)
+            queue = queues[0]
+            levels, floors, version = self.floors.args(queue)
+            rows = await self._fetch(self._acquire_one, queue, limit, float(lease), levels,
+                                     floors, index_plans=True)
+            self.floors.learn(queue, version, rows, limit)
+            self.floors.sweep_soon(queue, self._sweep)
         else:
             rows = await self._fetch(self._acquire_many, list(queues), limit, float(lease),
                                      index_plans=True)
@@ -304,6 +312,13 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         out = decode_rows(rows, decode, _undecodable)
         out.sort(key=_schedule_order)
         return out
+
+    async def _sweep(self, queue: str, levels: list[int], floors: list[float]) -> list[Any]:
+        return await self._fetch(self._sweep_below, queue, levels, floors, index_plans=True)
+
+    async def close(self) -> None:
+        await self.floors.close()
+        await super().close()
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
