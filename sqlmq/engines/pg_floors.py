@@ -123,9 +123,7 @@ class ReadyFloors:
         levels, floors = list(q.floors), list(q.floors.values())
         try:
             found = await sweep(queue, levels, floors)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except Exception:  # not a cancellation: close() stops a sweep that way
             # The next acquire after sweep_every starts another; the floors stay as they are.
             log.exception("sqlmq: the sweep below the acquire floors of queue %r failed; "
                           "it runs again in %.1f s", queue, self.sweep_every)

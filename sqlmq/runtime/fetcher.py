@@ -163,8 +163,7 @@ class Fetcher:
             batch = await self.engine.acquire(self.cfg.queues, limit, self.cfg.lease)
             self.sizing.observe(len(batch), limit, self.buffer.qsize())
             for d in batch:
-                self.held[(d.id, d.deliveries)] = d
-                self.buffer.put_nowait(d)
+                self._keep(d)
             return batch
         finally:
             self.parked.set()
@@ -200,10 +199,14 @@ class Fetcher:
         stopping or while a suspect runs alone: the caller then gives it back."""
         if self.stopping or not self._gate.is_set():
             return False
-        self.held[(d.id, d.deliveries)] = d
-        self.buffer.put_nowait(d)
+        self._keep(d)
         self.counters.acquired += 1
         return True
+
+    def _keep(self, d: Delivery) -> None:
+        """Hold ``d`` (its lease is renewed from here on) and buffer it for a worker."""
+        self.held[(d.id, d.deliveries)] = d
+        self.buffer.put_nowait(d)
 
 
 def _next_poll(cfg: SubscriberConfig, idle: float, got: int, limit: int) -> tuple[float, float]:
