@@ -21,6 +21,12 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
+def unexpected(exc: BaseException) -> bool:
+    """Whether a fault in a loop's database work deserves its traceback in the log: not a
+    database error nor a lost connection or a timeout, which one line describes."""
+    return not isinstance(exc, DBAPIError | OSError | TimeoutError | ConnectionError)
+
+
 class Backoff:
     def __init__(self, what: str, base: float = 0.05, cap: float = 5.0) -> None:
         self.what = what
@@ -30,9 +36,8 @@ class Backoff:
 
     async def failed(self, exc: BaseException) -> None:
         if self.failures == 0:
-            unexpected = not isinstance(exc, DBAPIError | OSError | TimeoutError | ConnectionError)
             log.warning("%s failed (%s); retrying with backoff", self.what, describe(exc),
-                        exc_info=exc if unexpected else None)
+                        exc_info=exc if unexpected(exc) else None)
         self.failures += 1
         delay = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
         await asyncio.sleep(delay * random.uniform(0.5, 1.5))

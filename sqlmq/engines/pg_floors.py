@@ -38,6 +38,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backoff import describe, unexpected
+
 log = logging.getLogger("sqlmq")
 
 # Positions in a row of ACQUIRE_ABOVE_FLOORS (see _TAKE in sqlmq.engines.sql.postgresql).
@@ -72,6 +74,7 @@ class ReadyFloors:
         #: Seconds between two sweeps of a queue.
         self.sweep_every = sweep_every
         self._queues: dict[str, _QueueFloors] = {}
+        self._failed_sweeps = 0  # since the last sweep that worked, of any queue
 
     def args(self, queue: str) -> tuple[list[int], list[float], int]:
         """The known levels of ``queue``, their floors, and the version to learn with."""
@@ -123,11 +126,20 @@ class ReadyFloors:
         levels, floors = list(q.floors), list(q.floors.values())
         try:
             found = await sweep(queue, levels, floors)
-        except Exception:  # not a cancellation: close() stops a sweep that way
+        except Exception as exc:  # not a cancellation: close() stops a sweep that way
             # The next acquire after sweep_every starts another; the floors stay as they are.
-            log.exception("sqlmq: the sweep below the acquire floors of queue %r failed; "
-                          "it runs again in %.1f s", queue, self.sweep_every)
+            # One line per incident, as the loops' Backoff logs: a lost connection is
+            # described, anything but a database fault comes with its traceback.
+            if not self._failed_sweeps:
+                log.warning("the sweep below the acquire floors of queue %r failed (%s); it "
+                            "runs again in %.1f s", queue, describe(exc), self.sweep_every,
+                            exc_info=exc if unexpected(exc) else None)
+            self._failed_sweeps += 1
         else:
+            if self._failed_sweeps:
+                log.warning("the sweep below the acquire floors recovered after %d failed "
+                            "sweeps", self._failed_sweeps)
+                self._failed_sweeps = 0
             self.lower(queue, found)
         finally:
             q.sweeping = None
