@@ -120,7 +120,7 @@ class Broker:
             return []
         check_executor(connection, asynchronous=True)
         if connection is None and self._engine.hands_over and len(messages) == 1 \
-                and messages[0].at is None:
+                and messages.at is None:
             direct = self._idle_runtime(messages[0])
             if direct is not None:
                 return [await self._publish_to(direct, messages[0])]

@@ -26,7 +26,7 @@ from ..connect import READ_ONLY, create_async, create_sync, sync_url
 from ..errors import ConfigurationError
 from ..lifecycle import Outcome, State
 from ..migrate import MigrationLock, check_schema, migrate
-from ..records import Delivery, NewMessage, QueueStats, Settlement
+from ..records import Delivery, NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
 from ..sqltime import db_now_plus
 from .contract import WakeSource
@@ -199,7 +199,7 @@ class SqlEngine(KeptConnections):
 
     # ---- publishing through SQLAlchemy Core ----------------------------------------------
 
-    async def _publish_core(self, messages: Sequence[NewMessage],
+    async def _publish_core(self, messages: NewMessages,
                             executor: AsyncConnection | AsyncSession | None) -> list[int]:
         """Insert ``messages`` in ``executor``'s transaction, or in one of sqlmq's own."""
         if executor is None:
@@ -212,7 +212,7 @@ class SqlEngine(KeptConnections):
             ids += read(await executor.execute(statement, params))
         return ids
 
-    def publish_sync(self, messages: Sequence[NewMessage],
+    def publish_sync(self, messages: NewMessages,
                      executor: Connection | Session | None = None) -> list[int]:
         if executor is None:
             with self.sync_db.begin() as conn:
@@ -224,31 +224,32 @@ class SqlEngine(KeptConnections):
             ids += read(executor.execute(statement, params))
         return ids
 
-    def _insert_plans(self, dialect: Dialect, messages: Sequence[NewMessage]) -> list[Any]:
+    def _insert_plans(self, dialect: Dialect, messages: NewMessages) -> list[Any]:
         """``(statement, parameters, ids of the result)`` per chunk of ``messages``, which
         share a queue, a schedule and a priority. Where the database returns ids (SQLite,
         MariaDB), one statement with the per-row values as parameters: SQLAlchemy sends it as
         multi-row INSERT … RETURNING batches without compiling a statement per batch. MySQL 8
         has no RETURNING: one multi-row INSERT per chunk, whose ids are consecutive."""
-        first, t = messages[0], self.schema.message
-        when = first.at if first.at is not None else db_now_plus(literal(first.delay))
+        t = self.schema.message
+        when = messages.at if messages.at is not None else db_now_plus(literal(messages.delay))
         chunks = [messages[i : i + self.CHUNK] for i in range(0, len(messages), self.CHUNK)]
         if dialect.name == "sqlite" or bool(getattr(dialect, "is_mariadb", False)):
             statement = insert(t).values(
                 state=State.PENDING.value, attempts_count=0, deliveries_count=0,
                 created_at=db_now_plus(literal(0.0)), next_attempt_at=when,
-                priority=first.priority,
+                priority=messages.priority,
             ).returning(t.c.id)
-            return [(statement, [{"queue": m.queue, "headers": m.headers, "payload": m.payload}
-                                 for m in chunk], _returned_ids) for chunk in chunks]
+            return [(statement, [{"queue": c.queue, "headers": h, "payload": p}
+                                 for p, h in zip(c.payloads, c.headers, strict=True)],
+                     _returned_ids) for c in chunks]
         plans = []
-        for chunk in chunks:
-            rows = [{"queue": m.queue, "headers": m.headers, "payload": m.payload,
+        for c in chunks:
+            rows = [{"queue": c.queue, "headers": h, "payload": p,
                      "state": State.PENDING.value, "attempts_count": 0, "deliveries_count": 0,
                      "created_at": db_now_plus(literal(0.0)), "next_attempt_at": when,
-                     "priority": first.priority}
-                    for m in chunk]
-            plans.append((insert(t).values(rows), None, _consecutive_ids(len(chunk))))
+                     "priority": c.priority}
+                    for p, h in zip(c.payloads, c.headers, strict=True)]
+            plans.append((insert(t).values(rows), None, _consecutive_ids(len(c))))
         return plans
 
     @staticmethod

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..lifecycle import State
-from ..records import Delivery, NewMessage, QueueStats, Settlement
+from ..records import Delivery, NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class Engine(Protocol):
     # ---- publishing ------------------------------------------------------------------------
 
     async def publish(
-        self, messages: Sequence[NewMessage],
+        self, messages: NewMessages,
         executor: AsyncConnection | AsyncSession | None = None,
     ) -> list[int]:
         """Insert ``messages`` (ids returned in order; they share a queue, a schedule and a
@@ -60,7 +60,7 @@ class Engine(Protocol):
         ...
 
     def publish_sync(
-        self, messages: Sequence[NewMessage], executor: Connection | Session | None = None,
+        self, messages: NewMessages, executor: Connection | Session | None = None,
     ) -> list[int]:
         """The same, for code without an event loop."""
         ...

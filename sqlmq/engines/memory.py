@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from ..commit_hooks import on_commit
 from ..errors import PublishError
 from ..lifecycle import Outcome, State
-from ..records import HISTORY_LIMIT, Delivery, NewMessage, QueueStats, Settlement
+from ..records import HISTORY_LIMIT, Delivery, NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import SCHEMA_VERSION, Schema
 
 Clock = Callable[[], datetime]
@@ -104,14 +104,15 @@ class MemoryStore:
     archive: dict[int, Archived] = field(default_factory=dict)
     last_id: int = 0
 
-    def new_rows(self, messages: Sequence[NewMessage], now: datetime) -> list[Row]:
+    def new_rows(self, messages: NewMessages, now: datetime) -> list[Row]:
         """Rows for ``messages`` with their ids taken (in order), not yet visible."""
+        at = messages.at
+        ready = now + timedelta(seconds=messages.delay) if at is None else at.astimezone(UTC)
         out = []
-        for m in messages:
+        for payload, headers in zip(messages.payloads, messages.headers, strict=True):
             self.last_id += 1
-            ready = now + timedelta(seconds=m.delay) if m.at is None else m.at.astimezone(UTC)
-            out.append(Row(self.last_id, m.queue, dict(m.headers), m.payload, now, ready,
-                           priority=m.priority))
+            out.append(Row(self.last_id, messages.queue, dict(headers), payload, now, ready,
+                           priority=messages.priority))
         return out
 
     def add(self, rows: Iterable[Row]) -> None:
@@ -317,13 +318,13 @@ class MemoryEngine:
 
     # ---- publishing ---------------------------------------------------------------------
 
-    async def publish(self, messages: Sequence[NewMessage],
+    async def publish(self, messages: NewMessages,
                       executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
         if isinstance(executor, AsyncConnection) and not executor.in_transaction():
             await executor.begin()  # what the INSERT would do; the begin may need the loop
         return self.publish_sync(messages, executor)
 
-    def publish_sync(self, messages: Sequence[NewMessage],
+    def publish_sync(self, messages: NewMessages,
                      executor: Connection | Session | AsyncConnection | AsyncSession | None = None,
                      ) -> list[int]:
         """With ``executor``, the ids are taken now and the messages appear when the
@@ -347,7 +348,7 @@ class MemoryEngine:
     async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
         with self._lock:
             now = self._now()
-            (row,) = self._store.new_rows([message], now)
+            (row,) = self._store.new_rows(NewMessages.of([message]), now)
             row.state, row.deliveries_count, row.next_attempt_at = State.PROCESSING, 1, None
             row.first_attempt_at = row.acquired_at = now
             row.lease_expires_at = now + timedelta(seconds=lease)

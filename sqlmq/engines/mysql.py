@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..errors import SchemaError
-from ..records import Delivery, NewMessage, Settlement
+from ..records import Delivery, NewMessage, NewMessages, Settlement
 from ..schema import MAX_PRIORITY
 from .base import (
     ARCHIVING,
@@ -164,7 +164,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
 
     # ---- publishing ----------------------------------------------------------------------
 
-    async def publish(self, messages: Sequence[NewMessage],
+    async def publish(self, messages: NewMessages,
                       executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
         """One message due after a delay, on sqlmq's own connection: INSERT_ONE on a kept
         connection, one round trip, the INSERT committing itself (the general path's pool
@@ -173,7 +173,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         ``SqlEngine._insert_plans``)."""
         if executor is None and len(messages) > 1 and self._returning():
             return await self._publish_many(messages)
-        if executor is None and len(messages) == 1 and messages[0].at is None:
+        if executor is None and len(messages) == 1 and messages.at is None:
             message = messages[0]
             delay = round(message.delay * 1_000_000)
             args = [message.queue, json.dumps(message.headers), message.payload, delay,
@@ -183,23 +183,24 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             return [int(row[0])]
         return await self._publish_core(messages, executor)
 
-    async def _publish_many(self, messages: Sequence[NewMessage]) -> list[int]:
+    async def _publish_many(self, messages: NewMessages) -> list[int]:
         """A batch (one queue, schedule and priority) in one transaction on a kept
         connection: INSERT_MANY_SHARED, then an INSERT_MANY per ``_MANY_ROWS`` rows or
         ``_MANY_BYTES`` of headers and payloads. Up to ``_PACKET_BYTES`` in one packet, else
         a statement at a time (the server's max_allowed_packet)."""
-        first = messages[0]
-        when = ((sql.INSERT_MANY_DELAY, [round(first.delay * 1_000_000)]) if first.at is None
-                else (sql.INSERT_MANY_AT, [first.at.astimezone(UTC).replace(tzinfo=None)]))
+        at = messages.at
+        when = ((sql.INSERT_MANY_DELAY, [round(messages.delay * 1_000_000)]) if at is None
+                else (sql.INSERT_MANY_AT, [at.astimezone(UTC).replace(tzinfo=None)]))
         statements: list[tuple[str, Sequence[Any]]] = [
-            (sql.BEGIN, ()), (sql.INSERT_MANY_SHARED, [first.queue, first.priority]), when]
+            (sql.BEGIN, ()), (sql.INSERT_MANY_SHARED, [messages.queue, messages.priority]),
+            when]
         encoded = BatchHeaderTexts()
         args: list[Any] = []
         size = total = 0
-        for m in messages:
-            headers = encoded(m.headers)
-            args += (headers, m.payload)
-            size += len(headers) + len(m.payload)
+        for payload, h in zip(messages.payloads, messages.headers, strict=True):
+            headers = encoded(h)
+            args += (headers, payload)
+            size += len(headers) + len(payload)
             if len(args) == 2 * _MANY_ROWS or size >= _MANY_BYTES:
                 statements.append((self._insert_many(len(args) // 2), args))
                 args, total, size = [], total + size, 0

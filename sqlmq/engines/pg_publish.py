@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..lifecycle import State
-from ..records import NewMessage
+from ..records import NewMessages
 
 
-def insert_args(channel: str, messages: Sequence[NewMessage]) -> tuple[Any, ...]:
-    """INSERT's (or INSERT_AT's) parameters for ``messages``, which share a queue, a
-    schedule and a priority: queue, header sets, keys, payloads, channel, the delay or the
-    moment, then the priority."""
-    first = messages[0]
-    sets, keys = _headers_sets(messages)
-    return (first.queue, _pg_texts(sets), keys, _pg_bytea(m.payload for m in messages),
-            channel, first.delay if first.at is None else first.at, first.priority)
+def insert_args(channel: str, messages: NewMessages) -> tuple[Any, ...]:
+    """INSERT's (or INSERT_AT's) parameters for ``messages``: queue, header sets, keys,
+    payloads, channel, the delay or the moment, then the priority."""
+    sets, keys = _headers_sets(messages.headers)
+    return (messages.queue, _pg_texts(sets), keys, _pg_bytea(messages.payloads), channel,
+            messages.delay if messages.at is None else messages.at, messages.priority)
 
 
 def _pg_texts(values: Iterable[str]) -> str:
@@ -38,7 +36,7 @@ def _pg_bytea(values: Iterable[bytes]) -> str:
     return "{" + ",".join('"\\\\x' + v.hex() + '"' for v in values) + "}"
 
 
-def _headers_sets(messages: Sequence[NewMessage]) -> tuple[list[str], str]:
+def _headers_sets(headers: list[dict[str, str]]) -> tuple[list[str], str]:
     """The distinct header sets as JSON, and each message's (1-based) index into them, as an
     array literal. A batch shares one dict per content type (see
     :func:`sqlmq.publishing.prepare`): sets are told apart by identity, so equal dicts from
@@ -48,9 +46,9 @@ def _headers_sets(messages: Sequence[NewMessage]) -> tuple[list[str], str]:
     keys: list[str] = []
     last: dict[str, str] | None = None
     key = ""
-    for m in messages:
-        if m.headers is not last:
-            last = m.headers
+    for h in headers:
+        if h is not last:
+            last = h
             found = index.get(id(last))
             if found is None:
                 sets.append(json.dumps(last))
@@ -93,10 +91,9 @@ _MICROSECOND = timedelta(microseconds=1)
 _CHUNK_BYTES = 256 * 1024  # the stream is cut here, so the server starts on it early
 
 
-def pg_copy_args(channel: str, messages: Sequence[NewMessage]) -> tuple[Any, ...]:
+def pg_copy_args(channel: str, messages: NewMessages) -> tuple[Any, ...]:
     """COPY_RESERVE's parameters: count, at, delay, channel, queue."""
-    first = messages[0]
-    return (len(messages), first.at, first.delay, channel, first.queue)
+    return (len(messages), messages.at, messages.delay, channel, messages.queue)
 
 
 def _field(value: bytes) -> bytes:
@@ -108,7 +105,7 @@ def _timestamp(value: datetime) -> bytes:
 
 
 async def pg_copy_data(
-    messages: Sequence[NewMessage], ids: list[int], created_at: datetime,
+    messages: NewMessages, ids: list[int], created_at: datetime,
     next_attempt_at: datetime,
 ) -> AsyncIterator[bytes]:
     """The rows in PostgreSQL's binary COPY format (columns :data:`PG_COPY_COLUMNS`), in
@@ -119,26 +116,24 @@ async def pg_copy_data(
     if len(ids) != len(messages):
         raise ValueError(f"{len(ids)} ids for {len(messages)} messages")
     times = _timestamp(created_at) + _timestamp(next_attempt_at) + struct.pack(
-        ">ii", 4, messages[0].priority)
-    queue = _field(messages[0].queue.encode("utf-8"))
+        ">ii", 4, messages.priority)
+    queue = _field(messages.queue.encode("utf-8"))
     state = _field(State.PENDING.value.encode())
     tails: dict[int, bytes] = {}
     parts: list[bytes] = [_COPY_SIGNATURE]
     size = 0
     last_headers: dict[str, str] | None = None
     tail = b""
-    for msg_id, m in zip(ids, messages, strict=True):
-        if m.headers is not last_headers:
-            last_headers = m.headers
-            key = id(m.headers)
-            found = tails.get(key)
+    for msg_id, payload, headers in zip(ids, messages.payloads, messages.headers, strict=True):
+        if headers is not last_headers:
+            last_headers = headers
+            found = tails.get(id(headers))
             if found is None:  # jsonb's binary form is a version byte, then the JSON text
-                found = tails[key] = (
-                    queue + _field(b"\x01" + json.dumps(m.headers).encode("utf-8")) + state
+                found = tails[id(headers)] = (
+                    queue + _field(b"\x01" + json.dumps(headers).encode("utf-8")) + state
                     + _INT4_ZERO + _INT4_ZERO + times
                 )
             tail = found
-        payload = m.payload
         parts += (_ROW_HEAD(len(PG_COPY_COLUMNS), 8, msg_id, len(payload)), payload, tail)
         size += len(payload) + len(tail)
         if size >= _CHUNK_BYTES:

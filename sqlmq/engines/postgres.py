@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from ..backoff import describe
 from ..errors import PublishOutcomeUnknown
 from ..lifecycle import Outcome
-from ..records import Delivery, NewMessage, Settlement
+from ..records import Delivery, NewMessages, Settlement
 from .base import (
     ArchiveAndStatsMixin,
     BatchHeaders,
@@ -66,7 +66,7 @@ class PgConnections(SqlEngine):
         self._reserve: str | None = None  # COPY_RESERVE, once the id sequence is known
         self._can_copy = True  # False once the id column turns out to have no sequence
 
-    async def _copy(self, messages: Sequence[NewMessage], channel: str) -> list[int] | None:
+    async def _copy(self, messages: NewMessages, channel: str) -> list[int] | None:
         """One transaction: reserve the ids, read the clock and queue the NOTIFY in one
         statement, COPY the rows, COMMIT. None when the table has no id sequence to reserve
         from (the caller inserts instead). A connection lost before the COMMIT was sent
@@ -99,7 +99,7 @@ class PgConnections(SqlEngine):
             return ids
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _copy_on(self, raw: Any, messages: Sequence[NewMessage], channel: str,
+    async def _copy_on(self, raw: Any, messages: NewMessages, channel: str,
                        stage: list[str]) -> list[int] | None:
         """The COPY transaction on one driver connection; ``stage[0]`` names the statement
         in progress (``COMMIT`` last)."""
@@ -225,7 +225,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
 
     # ---- publishing ----------------------------------------------------------------------
 
-    async def publish(self, messages: Sequence[NewMessage],
+    async def publish(self, messages: NewMessages,
                       executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
         """Publish a batch: one statement, one round trip, straight on asyncpg like acquire
         and settle (through SQLAlchemy a single publish cost 2.5 times the client CPU, which
@@ -237,7 +237,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         A connection lost before the publish reached the server, or before its COMMIT was
         sent, wrote nothing: the publish runs again on another connection. Lost after that,
         the outcome is unknown, and :class:`PublishOutcomeUnknown` says so."""
-        statement = self._insert if messages[0].at is None else self._insert_at
+        statement = self._insert if messages.at is None else self._insert_at
         if executor is not None:
             if isinstance(executor, AsyncSession):
                 executor = await executor.connection()
@@ -252,7 +252,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
                                  unknown=lambda exc: _publish_unknown(messages, exc))
         return list(rows[0][0])
 
-    def publish_sync(self, messages: Sequence[NewMessage],
+    def publish_sync(self, messages: NewMessages,
                      executor: Connection | Session | None = None) -> list[int]:
         """The same statement on a synchronous connection, sqlmq's own (psycopg) or the
         caller's, whatever its driver (see :meth:`_on_callers_driver`)."""
@@ -261,13 +261,13 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
                 return self.publish_sync(messages, conn)
         if isinstance(executor, Session):
             executor = executor.connection()
-        statement = self._insert if messages[0].at is None else self._insert_at
+        statement = self._insert if messages.at is None else self._insert_at
         result = executor.exec_driver_sql(
             *self._on_callers_driver(statement, executor.dialect, messages))
         return list(result.scalar_one())
 
     def _on_callers_driver(self, statement: str, dialect: Any,
-                           messages: Sequence[NewMessage]) -> tuple[str, Any]:
+                           messages: NewMessages) -> tuple[str, Any]:
         """``statement`` (written with asyncpg's ``$n``) and the arguments of ``messages``,
         in the parameter style of ``dialect``'s driver: the outbox runs on the caller's
         connection, which may be psycopg2's or psycopg's (``%s``) as well as asyncpg's. The
@@ -393,11 +393,10 @@ def _log_discarded(exc: BaseException) -> None:
                 "which had not reached the server, runs on another", describe(exc))
 
 
-def _publish_unknown(messages: Sequence[NewMessage], exc: BaseException) -> Exception:
-    queues = ", ".join(sorted({repr(m.queue) for m in messages}))
+def _publish_unknown(messages: NewMessages, exc: BaseException) -> Exception:
     return PublishOutcomeUnknown(
         f"the connection to PostgreSQL was lost while publishing {len(messages)} message(s) "
-        f"to {queues}, after the publish was sent and before its commit was confirmed "
+        f"to {messages.queue!r}, after the publish was sent and before its commit was confirmed "
         f"({describe(exc)}): they may or may not have been written. sqlmq did not send them "
         "again, which could publish them twice; look for them before publishing again, or "
         "accept a duplicate"

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..connect import write_turn
-from ..records import Delivery, NewMessage, Settlement
+from ..records import Delivery, NewMessage, NewMessages, Settlement
 from .base import (
     ARCHIVING,
     RETURNING,
@@ -85,31 +85,31 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
             self._commits.close()
             self._commits = None
 
-    async def publish(self, messages: Sequence[NewMessage],
+    async def publish(self, messages: NewMessages,
                       executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
         """One message due after a delay, on sqlmq's own connection: INSERT_ONE, straight on
         aiosqlite; a batch there: ``_publish_many``. Anything else through SQLAlchemy Core
         (see ``SqlEngine._insert_plans``)."""
-        if executor is None and len(messages) == 1 and messages[0].at is None:
+        if executor is None and len(messages) == 1 and messages.at is None:
             return [await self._insert_one(messages[0])]
         if executor is None and len(messages) > 1:
             return await self._publish_many(messages)
         return await self._publish_core(messages, executor)
 
-    async def _publish_many(self, messages: Sequence[NewMessage]) -> list[int]:
+    async def _publish_many(self, messages: NewMessages) -> list[int]:
         """A batch (one queue, schedule and priority) in one transaction, straight on
         aiosqlite: the clock read once, the driver's executemany, the last id (see
         INSERT_MANY). SQLAlchemy's per-row parameter processing was most of a batch's
         client time."""
-        first = messages[0]
-        at = None if first.at is None else first.at.astimezone(UTC).strftime(_STORED_TIME)
+        at = None if messages.at is None else messages.at.astimezone(UTC).strftime(_STORED_TIME)
         headers = BatchHeaderTexts()
+        queue, priority = messages.queue, messages.priority
         async with self.db.begin() as conn:
             ((created_at, due),) = await _fetch(conn, self._insert_many_clock,
-                                                {"at": at, "delay": first.delay})
-            rows = [{"queue": first.queue, "headers": headers(m.headers),
-                     "payload": m.payload, "created_at": created_at, "next_attempt_at": due,
-                     "priority": first.priority} for m in messages]
+                                                {"at": at, "delay": messages.delay})
+            rows = [{"queue": queue, "headers": headers(h), "payload": payload,
+                     "created_at": created_at, "next_attempt_at": due, "priority": priority}
+                    for payload, h in zip(messages.payloads, messages.headers, strict=True)]
             with _driver_errors(conn, self._insert_many_sql):
                 await (await driver_connection(conn)).executemany(self._insert_many_sql, rows)
             ((last,),) = await _fetch(conn, sql.LAST_ID, {})

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlmq import Broker, build_schema
 from sqlmq.engines.contract import Engine
 from sqlmq.engines.memory import MemoryEngine
-from sqlmq.records import NewMessage, QueueStats
+from sqlmq.records import NewMessage, NewMessages, QueueStats
 
 from ..conftest import drop_tables, url_for
 
@@ -57,7 +57,8 @@ class Env:
                       headers: dict[str, str] | None = None) -> list[int]:
         """Publish ``payloads`` (one ``b"m"`` by default) through ``engine.publish``."""
         return await self.engine.publish(
-            [msg(queue, p, delay=delay, at=at, headers=headers) for p in payloads or [b"m"]])
+            NewMessages.of([msg(queue, p, delay=delay, at=at, headers=headers)
+                            for p in payloads or [b"m"]]))
 
     async def stats(self, queue: str = "q") -> QueueStats:
         for s in await self.engine.stats():

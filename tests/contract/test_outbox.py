@@ -8,12 +8,15 @@ import asyncio
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from sqlmq.records import NewMessages
+
 from .conftest import Env, ids, msg
 
 
 async def test_outbox_publish_appears_when_the_transaction_commits(env: Env) -> None:
     async with env.outbox_db.begin() as conn:
-        published = await env.engine.publish([msg(payload=b"a"), msg(payload=b"b")], conn)
+        published = await env.engine.publish(
+            NewMessages.of([msg(payload=b"a"), msg(payload=b"b")]), conn)
         assert len(published) == 2 and published == sorted(published)
         assert (await env.stats()).pending == 0
     assert (await env.stats()).pending == 2
@@ -23,7 +26,7 @@ async def test_outbox_publish_appears_when_the_transaction_commits(env: Env) -> 
 async def test_outbox_publish_vanishes_when_the_transaction_rolls_back(env: Env) -> None:
     async with env.outbox_db.connect() as conn:
         await conn.begin()
-        await env.engine.publish([msg()], conn)
+        await env.engine.publish(NewMessages.of([msg()]), conn)
         await conn.rollback()
     (kept,) = await env.publish("q")
     assert (await env.stats()).pending == 1
@@ -32,13 +35,13 @@ async def test_outbox_publish_vanishes_when_the_transaction_rolls_back(env: Env)
 
 async def test_outbox_publish_on_a_session_follows_its_commit(env: Env) -> None:
     async with AsyncSession(env.outbox_db) as session:
-        (committed,) = await env.engine.publish([msg()], session)
+        (committed,) = await env.engine.publish(NewMessages.of([msg()]), session)
         await session.commit()
     async with AsyncSession(env.outbox_db) as session:
-        await env.engine.publish([msg()], session)
+        await env.engine.publish(NewMessages.of([msg()]), session)
         await session.rollback()
     async with AsyncSession(env.outbox_db) as session:
-        await env.engine.publish([msg()], session)  # closed without a commit
+        await env.engine.publish(NewMessages.of([msg()]), session)  # closed without a commit
     assert ids(await env.engine.acquire(["q"], 10, 30)) == [committed]
 
 
@@ -47,16 +50,16 @@ async def test_outbox_publish_sync_follows_the_connection_and_session(env: Env) 
 
     def publish_all() -> list[int]:
         with db.begin() as conn:
-            (on_connection,) = env.engine.publish_sync([msg(payload=b"c")], conn)
+            (on_connection,) = env.engine.publish_sync(NewMessages.of([msg(payload=b"c")]), conn)
         with db.connect() as conn:
             conn.begin()
-            env.engine.publish_sync([msg(payload=b"rolled back")], conn)
+            env.engine.publish_sync(NewMessages.of([msg(payload=b"rolled back")]), conn)
             conn.rollback()
         with Session(db) as session:
-            (on_session,) = env.engine.publish_sync([msg(payload=b"s")], session)
+            (on_session,) = env.engine.publish_sync(NewMessages.of([msg(payload=b"s")]), session)
             session.commit()
         with Session(db) as session:
-            env.engine.publish_sync([msg(payload=b"rolled back")], session)
+            env.engine.publish_sync(NewMessages.of([msg(payload=b"rolled back")]), session)
             session.rollback()
         return [on_connection, on_session]
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from sqlmq.engines.memory import MemoryEngine
 from sqlmq.lifecycle import Outcome
-from sqlmq.records import NewMessage, Settlement
+from sqlmq.records import NewMessage, NewMessages, Settlement
 
 from .conftest import HANDING_OVER, Env, ids
 
@@ -27,7 +27,7 @@ async def publish(env: Env, priority: int, *payloads: bytes, queue: str = "q",
                   delay: float = 0.0) -> list[int]:
     """One ``engine.publish`` (a batch sharing its priority, as ``publish_batch`` sends)."""
     return await env.engine.publish(
-        [pmsg(priority, p, queue, delay=delay) for p in payloads or [b"m"]])
+        NewMessages.of([pmsg(priority, p, queue, delay=delay) for p in payloads or [b"m"]]))
 
 
 async def archived_priority(env: Env, msg_id: int) -> int:
@@ -60,7 +60,8 @@ async def test_within_a_priority_messages_go_by_ready_time_then_id(env: Env) -> 
     (later,) = await publish(env, 4, b"later", delay=0.2)
     first, second = await publish(env, 4, b"first", b"second")
     early = await env.engine.publish(
-        [NewMessage("q", b"early", {}, 0.0, await env.engine.now() - timedelta(seconds=10), 4)])
+        NewMessages.of([NewMessage("q", b"early", {}, 0.0,
+                                   await env.engine.now() - timedelta(seconds=10), 4)]))
     (other,) = await publish(env, 3, b"lower")
     await env.passes(0.25)
     assert ids(await env.engine.acquire(["q"], 10, 30)) == [*early, first, second, later, other]
@@ -137,14 +138,14 @@ async def test_a_batch_carries_its_priority(env: Env, count: int) -> None:
 async def test_outbox_publishes_carry_the_priority(env: Env) -> None:
     (low,) = await publish(env, 0)
     async with env.outbox_db.begin() as conn:
-        on_connection = await env.engine.publish([pmsg(2), pmsg(2)], conn)
+        on_connection = await env.engine.publish(NewMessages.of([pmsg(2), pmsg(2)]), conn)
     async with AsyncSession(env.outbox_db) as session:
-        on_session = await env.engine.publish([pmsg(4)], session)
+        on_session = await env.engine.publish(NewMessages.of([pmsg(4)]), session)
         await session.commit()
     with env.outbox_sync_db.begin() as conn:
-        sync = env.engine.publish_sync([pmsg(3)], conn)
+        sync = env.engine.publish_sync(NewMessages.of([pmsg(3)]), conn)
     with Session(env.outbox_sync_db) as sync_session:
-        sync_on_session = env.engine.publish_sync([pmsg(5)], sync_session)
+        sync_on_session = env.engine.publish_sync(NewMessages.of([pmsg(5)]), sync_session)
         sync_session.commit()
     taken = await env.engine.acquire(["q"], 10, 30)
     assert ids(taken) == [*sync_on_session, *on_session, *sync, *on_connection, low]

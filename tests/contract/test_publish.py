@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from sqlmq.lifecycle import Outcome
-from sqlmq.records import Settlement
+from sqlmq.records import NewMessages, Settlement
 
 from .conftest import HANDING_OVER, Env, ids, msg
 
@@ -68,7 +68,7 @@ async def test_message_published_at_a_past_time_is_ready_first(env: Env) -> None
 
 
 async def test_publish_sync_inserts_at_once(env: Env) -> None:
-    published = await asyncio.to_thread(env.engine.publish_sync, [msg(), msg()])
+    published = await asyncio.to_thread(env.engine.publish_sync, NewMessages.of([msg(), msg()]))
     assert published == sorted(published) and len(set(published)) == 2
     assert ids(await env.engine.acquire(["q"], 10, 30)) == published
 
@@ -106,7 +106,7 @@ async def test_commit_counter_moves_when_a_message_is_published(env: Env) -> Non
 
 async def test_publish_sync_from_many_threads_gets_distinct_ids(env: Env) -> None:
     def publish_five(thread: int) -> list[int]:
-        return [env.engine.publish_sync([msg(payload=f"{thread}-{i}".encode())])[0]
+        return [env.engine.publish_sync(NewMessages.of([msg(payload=f"{thread}-{i}".encode())]))[0]
                 for i in range(5)]
 
     per_thread = await asyncio.gather(*(asyncio.to_thread(publish_five, t) for t in range(4)))
