@@ -1,8 +1,12 @@
 """The publisher ``bench.paired`` starts once per revision: it imports only ``sqlmq`` (the
 revision's, through PYTHONPATH), publishes one batch per line read, and answers with the
-wall and CPU seconds it took.
+wall and CPU seconds it took. It drops and creates its tables itself rather than through
+``bench.common.drop_tables``: a revision's ``bench`` may not have that helper, and the
+parent's would import the working tree's sqlmq.
 
-    python bench/paired_child.py URL PREFIX BATCH
+    python bench/paired_child.py URL SYNC_URL PREFIX BATCH
+
+SYNC_URL is URL for a synchronous driver (the parent derives it), for the DROP.
 """
 
 import asyncio
