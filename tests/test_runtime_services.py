@@ -329,8 +329,9 @@ async def test_fetcher_takes_a_hand_over_while_idle_and_refuses_it_once_stopping
     f.start("test")
     await until(lambda: f.caught_up)
     assert f.idle_for("q") and not f.idle_for("other")
-    assert f.hand_over(delivery(1)) and not f.idle_for("q")
+    assert f.hand_over(delivery(1)) and f.idle_for("q")  # still nothing to fetch
     assert [d.id for d in await f.stop(5)] == [1]
+    assert not f.idle_for("q")
     assert not f.hand_over(delivery(2)) and (2, 1) not in f.held
 
 
@@ -418,6 +419,33 @@ async def test_a_worker_skips_a_delivery_whose_lease_was_lost() -> None:
     await until(lambda: ran == [2] and not rt.holdings.held)
     await rt.stop(1)
     assert rt.holdings.lost == set()
+
+
+async def test_a_publish_is_handed_over_while_a_worker_is_free_after_the_buffered() -> None:
+    """A burst of publishes hands several deliveries over in one loop turn, before any
+    worker has taken the first: each still finds a worker free for it. Once the buffered
+    and the running fill the workers, or a backlog was seen, publishes go the long way."""
+    engine = ScriptedEngine()
+    release = asyncio.Event()
+
+    async def handle(msg: Any) -> None:
+        await release.wait()
+
+    rt = runtime(engine, handle, workers=3)
+    rt.start()
+    await until(lambda: rt.fetcher.caught_up)
+    assert rt.takes_direct("q") and not rt.takes_direct("other")
+    for i in (1, 2):  # the same turn: both wait in the buffer
+        assert rt.takes_direct("q") and rt.hand_over(delivery(i))
+    assert rt.fetcher.buffer.qsize() == 2 and rt.takes_direct("q")
+    assert rt.hand_over(delivery(3)) and not rt.takes_direct("q")  # 3 buffered, 3 workers
+    await until(lambda: rt.running == 3)
+    assert not rt.takes_direct("q")  # all three busy
+    release.set()
+    await until(lambda: rt.running == 0 and rt.takes_direct("q"))
+    rt.fetcher.caught_up = False  # an acquire came back full: a backlog may wait
+    assert not rt.takes_direct("q")
+    await rt.stop(1)
 
 
 async def test_a_worker_cancelled_from_outside_is_replaced_and_its_delivery_given_back() -> None:

@@ -189,10 +189,11 @@ class Fetcher:
                 return
 
     def idle_for(self, queue: str) -> bool:
-        """Whether this fetcher has nothing to do for ``queue``: its last acquire found no
-        backlog, nothing is buffered, it is neither stopping nor held by a quarantine."""
+        """Whether this fetcher has nothing to fetch for ``queue``: its last acquire found
+        no backlog, and it is neither stopping nor held by a quarantine. What it buffered
+        is the workers' to judge (``SubscriberRuntime.takes_direct``)."""
         return (self.caught_up and not self.stopping and self._gate.is_set()
-                and queue in self.cfg.queues and self.buffer.empty())
+                and queue in self.cfg.queues)
 
     def hand_over(self, d: Delivery) -> bool:
         """Buffer a delivery acquired on this subscriber's behalf by a publish. False once
