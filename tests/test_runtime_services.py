@@ -359,7 +359,9 @@ def test_fetch_size_grows_while_the_workers_outrun_the_fetcher_and_shrinks_when_
     assert grown == [32, 64, 128, 256, 500, 500, 500, 500]  # doubling up to fetch_batch
     size.observe(500, 500, 120)  # full, but the workers still had work: no bigger
     assert size.size == 500
-    size.observe(200, 500, 0)  # short: the backlog is caught up
+    size.observe(130, 500, 0)  # short, but over a quarter: a flow about this size
+    assert size.size == 500
+    size.observe(120, 500, 0)  # under a quarter: the backlog is caught up
     size.observe(3, 250, 0)
     assert size.size == 125
     for _ in range(5):

@@ -38,7 +38,12 @@ class FetchSize:
     though, hoard: a slow handler's buffer holds messages other processes could run, and
     they wait in it. So the size starts at the floor, doubles while batches come back full
     *and* the workers emptied the buffer during the round trip (the fetcher is the
-    bottleneck), and halves back when a batch comes back short (the backlog is caught up).
+    bottleneck), and halves back when a batch comes back less than a quarter full (the
+    backlog is caught up). A quarter, not merely short: under a steady flow that brings
+    about the floor per round trip, "short" flipped the size between 16 and 32 at every
+    acquire, and each full 16 sent the next acquire at once; on SQLite at 2,000 msg/s from
+    other processes that was 30-50 % more acquires than a fixed size of 100, each a turn at
+    the write lock the publishers wait for (p99 latency 70-120 ms became 140-290 ms).
     The buffer is kept at two batches, within ``prefetch``: one being worked through while
     the next is fetched."""
 
@@ -59,7 +64,7 @@ class FetchSize:
         still waiting from earlier batches when it came back."""
         if got >= self.size and buffered == 0:
             self.size = min(self.ceiling, 2 * self.size)
-        elif got < limit:
+        elif 4 * got < limit:
             self.size = max(self.floor, self.size // 2)
 
 
