@@ -172,3 +172,21 @@ async def test_a_draining_subscriber_logs_killed_connections_without_tracebacks(
 async def _archived_all(observer: Broker, ids: list[int]) -> bool:
     archived = {r["id"] for r in await rows(observer, "archive")}
     return set(ids) <= archived
+
+
+async def test_every_kept_connection_killed_costs_one_retry_not_one_each(
+    broker: Broker, victim: Broker, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A burst keeps 20 connections; all are killed. The first publish after it finds its
+    connection dead, hands the other kept ones back to the pool (whose pre-ping replaces
+    them) and runs on a fresh one; none of the publishes fails."""
+    caplog.set_level(logging.WARNING, logger="sqlmq")
+    await asyncio.gather(*(victim.publish("q", str(i)) for i in range(20)))
+    assert len(victim.engine._kept) >= 10  # type: ignore[attr-defined]
+    assert await _terminate(broker, prefix) >= 10
+    await wait_until(lambda: _gone(broker, prefix), message="the backends gone")
+    for i in range(3):
+        await victim.publish("q", f"after {i}")
+    await asyncio.gather(*(victim.publish("q", str(i)) for i in range(20)))
+    assert len(await rows(broker)) == 43
+    assert not _tracebacks(caplog)

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, CursorResult, Dialect
 from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import Pool, QueuePool
 
 from ..connect import READ_ONLY, create_async, create_sync, sync_url
 from ..errors import ConfigurationError
@@ -37,18 +38,28 @@ ARCHIVING = frozenset((Outcome.COMPLETE, Outcome.FAIL))
 RETURNING = frozenset((Outcome.RETRY, Outcome.RELEASE))
 
 class KeptConnections:
-    """A few autocommit connections the hot path keeps checked out of the pool and reuses.
+    """Idle autocommit connections the hot path keeps checked out of the pool and reuses.
 
     The pool's pre-ping costs a round trip per checkout (three on PostgreSQL), and a
     transaction through SQLAlchemy one more for its COMMIT; the hot path's statements
-    commit themselves instead. A connection that fails is discarded, never kept, and one
-    left idle for ``KEEP_FOR`` seconds goes back to the pool, whose pre-ping checks it
-    before its next use (a server restart while it sat idle is then caught there).
-    """
+    commit themselves instead. As many are kept as the hot path has lately had in use at
+    once, up to the pool's capacity less :attr:`KEEP_RESERVE` (:func:`keep_limit`): with
+    four kept and a pool of ten, the 25 publishes a service had in flight at 2,000 msg/s
+    (each waiting about 12 ms for its commit) opened and closed 25 PostgreSQL sessions a
+    second, whose start-up cost the server more CPU than the publishes, which made them
+    slower, which put more in flight (in-process pickup p50 0.9 ms became 30-45 ms).
+
+    A connection left idle for ``KEEP_FOR`` seconds goes back to the pool, whose pre-ping
+    checks it before its next use (a server restart while it sat idle is then caught
+    there); so does every kept connection once one fails (:meth:`_discard`)."""
 
     db: AsyncEngine
 
-    KEEP_IDLE = 4
+    #: Pool connections left to the rest of the broker (its listener, recoveries, reports)
+    #: however many the hot path keeps.
+    KEEP_RESERVE = 4
+    #: Kept from a pool that does not say how many connections it allows (or allows any).
+    KEEP_UNBOUNDED = 4
     KEEP_FOR = 10.0
     #: Put the connections in autocommit; SQLite's are (see :mod:`sqlmq.connect`), and
     #: SQLAlchemy would undo that recipe when resetting the level at check-in.
@@ -56,8 +67,11 @@ class KeptConnections:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._kept: list[tuple[AsyncConnection, float]] = []  # (connection, idle since)
+        #: (connection, idle since), oldest at the bottom: the newest is reused first, so
+        #: those at the bottom are the ones the load no longer needs.
+        self._kept: list[tuple[AsyncConnection, float]] = []
         self._kept_closed = False
+        self._keep_most: int | None = None
 
     async def _checkout(self) -> AsyncConnection:
         kept = self._kept
@@ -74,14 +88,33 @@ class KeptConnections:
         return conn
 
     async def _checkin(self, conn: AsyncConnection) -> None:
-        if self._kept_closed or len(self._kept) >= self.KEEP_IDLE:
+        kept = self._kept
+        now = time.monotonic()
+        while kept and now - kept[0][1] >= self.KEEP_FOR:  # idle since the load fell
+            with contextlib.suppress(Exception):
+                await self._release(kept.pop(0)[0])
+        if self._keep_most is None:
+            self._keep_most = keep_limit(self.db.pool, self.KEEP_RESERVE, self.KEEP_UNBOUNDED)
+        if self._kept_closed or len(kept) >= self._keep_most:
             await self._release(conn)
         else:
-            self._kept.append((conn, time.monotonic()))
+            kept.append((conn, now))
+
+    async def _discard(self, conn: AsyncConnection, exc: BaseException) -> None:
+        """Drop a connection whose call failed with ``exc``, and but for a cancellation
+        hand the kept ones back to the pool: what ended one (a server restart, a failover,
+        a killed session) has often ended them all, and here each would fail a call of its
+        own where the pool's pre-ping replaces it unseen."""
+        await discard(conn)
+        if isinstance(exc, Exception):
+            await self._return_kept()
 
     async def _close_kept(self) -> None:
         """Return the kept connections to the pool; later calls do not keep any."""
         self._kept_closed = True
+        await self._return_kept()
+
+    async def _return_kept(self) -> None:
         while self._kept:
             with contextlib.suppress(Exception):
                 await self._release(self._kept.pop()[0])
@@ -90,6 +123,16 @@ class KeptConnections:
         """Give a connection back to the pool, as the pool's other users expect it: an
         engine that changed its session settings puts them back here."""
         await conn.close()
+
+
+def keep_limit(pool: Pool, reserve: int, unbounded: int) -> int:
+    """How many idle connections :class:`KeptConnections` may keep out of ``pool``: its
+    capacity (size plus overflow) less ``reserve``, at least one; ``unbounded`` for a pool
+    with no limit or none it tells (``NullPool``, ``StaticPool``)."""
+    overflow = getattr(pool, "_max_overflow", -1)  # QueuePool's; it has no public reader
+    if not isinstance(pool, QueuePool) or not isinstance(overflow, int) or overflow < 0:
+        return unbounded
+    return max(1, pool.size() + overflow - reserve)
 
 
 async def driver_connection(conn: AsyncConnection) -> Any:

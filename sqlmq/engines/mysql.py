@@ -39,7 +39,6 @@ from .base import (
     SqlEngine,
     decode_history,
     decode_rows,
-    discard,
     driver_connection,
     leased_delivery,
     ready_order,
@@ -246,8 +245,8 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             conn = await self._checkout()
             try:
                 self._max_batch = await self._id_list_limit(conn)
-            except BaseException:
-                await discard(conn)
+            except BaseException as exc:
+                await self._discard(conn, exc)
                 raise
             await self._checkin(conn)
         lock, want = self._acquire_lock(len(queues)), min(limit, self._max_batch)
@@ -292,10 +291,10 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         conn = await self._checkout()
         try:
             results = await _run(conn, statements, self._multi and one_packet)
-        except BaseException:
+        except BaseException as exc:
             # Whatever failed, the server may hold the transaction open: closing the
             # connection ends it, with its locks.
-            await discard(conn)
+            await self._discard(conn, exc)
             raise
         await self._checkin(conn)
         return [results[i] for i in keep]

@@ -28,7 +28,6 @@ from .base import (
     ArchiveAndStatsMixin,
     BatchHeaders,
     BatchTimes,
-    KeptConnections,
     SqlEngine,
     decode_history,
     decode_rows,
@@ -48,9 +47,10 @@ from .sql import render
 _PLANNED = "sqlmq_index_plans"  # the key in a connection's info while INDEX_PLANS_ON holds
 
 #: Tries of a statement whose connection turns out dead before anything reached the server
-#: (see never_sent): every kept connection dies at once when the server restarts or an
-#: administrator ends sqlmq's sessions.
-_SEND_TRIES = KeptConnections.KEEP_IDLE + 2
+#: (see never_sent): when the server restarts or an administrator ends sqlmq's sessions,
+#: the first try fails on a kept connection and hands the others back to the pool
+#: (KeptConnections._discard), whose pre-ping replaces the dead ones for the next.
+_SEND_TRIES = 4
 
 T = TypeVar("T")
 log = logging.getLogger("sqlmq")
@@ -81,7 +81,7 @@ class PgConnections(SqlEngine):
                                           stage)
             except Exception as exc:
                 if conn is not None:
-                    await discard(conn)
+                    await self._discard(conn, exc)
                 lost = never_sent(exc) or connection_lost(exc)
                 if lost and stage[0] == "COMMIT" and not never_sent(exc):
                     raise _publish_unknown(messages, exc) from exc
@@ -148,7 +148,7 @@ class PgConnections(SqlEngine):
                 rows = await raw.fetch(statement, *args)
             except Exception as exc:
                 if conn is not None:
-                    await discard(conn)
+                    await self._discard(conn, exc)
                 unsent = never_sent(exc) or (
                     conn is not None and not sent and connection_lost(exc))
                 if unsent and attempt < _SEND_TRIES:

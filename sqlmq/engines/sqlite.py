@@ -35,7 +35,6 @@ from .base import (
     blob,
     decode_history,
     decode_rows,
-    discard,
     driver_connection,
     leased_delivery,
     ready_order,
@@ -131,8 +130,8 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         try:
             async with write_turn(self.db):
                 rows = await _fetch(conn, sql, params)
-        except BaseException:
-            await discard(conn)
+        except BaseException as exc:
+            await self._discard(conn, exc)
             raise
         await self._checkin(conn)
         return rows
