@@ -124,3 +124,32 @@ def test_the_connections_kept_leave_the_pool_room_for_the_rest_of_the_broker() -
     assert keep_limit(QueuePool(never, pool_size=5, max_overflow=0), 4, 3) == 1
     assert keep_limit(QueuePool(never, pool_size=5, max_overflow=-1), 4, 3) == 3
     assert keep_limit(NullPool(never), 4, 3) == 3
+
+
+@pytest.mark.parametrize("db_kind", ["mariadb"])
+async def test_a_lost_kept_connection_hands_the_others_back_and_a_bad_statement_does_not(
+    broker: Broker,
+) -> None:
+    """Killed sessions cost one failed call, not one per kept connection; a statement the
+    server refuses costs only its own connection."""
+    engine = broker.engine
+    await asyncio.gather(*(broker.publish("jobs", str(i)) for i in range(12)))
+    kept = len(engine._kept)  # type: ignore[attr-defined]
+    assert kept >= 6
+    with pytest.raises(DBAPIError, match="sqlmq_no_such_table"):
+        await engine._packet([("SELECT * FROM sqlmq_no_such_table", ())], keep=[0])  # type: ignore[attr-defined]
+    assert len(engine._kept) == kept - 1  # type: ignore[attr-defined]
+
+    threads = []
+    for conn, _ in engine._kept:  # type: ignore[attr-defined]
+        raw = (await conn.get_raw_connection()).driver_connection
+        threads.append(raw.thread_id() if callable(raw.thread_id) else raw.thread_id)
+    async with broker.db.connect() as killer:
+        for thread_id in threads:
+            await killer.exec_driver_sql(f"KILL CONNECTION {int(thread_id)}")
+    with pytest.raises(DBAPIError):
+        await broker.publish("jobs", "on a killed connection")
+    assert engine._kept == []  # type: ignore[attr-defined]
+    for i in range(3):
+        await broker.publish("jobs", f"after {i}")
+    assert len(await rows(broker)) == 15

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from sqlalchemy import URL, insert, literal
 from sqlalchemy.engine import Connection, CursorResult, Dialect
 from sqlalchemy.engine import Engine as SyncEngine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool, QueuePool
@@ -100,14 +101,28 @@ class KeptConnections:
         else:
             kept.append((conn, now))
 
-    async def _discard(self, conn: AsyncConnection, exc: BaseException) -> None:
-        """Drop a connection whose call failed with ``exc``, and but for a cancellation
-        hand the kept ones back to the pool: what ended one (a server restart, a failover,
-        a killed session) has often ended them all, and here each would fail a call of its
-        own where the pool's pre-ping replaces it unseen."""
+    async def _discard(self, conn: AsyncConnection, exc: BaseException,
+                       lost: bool | None = None) -> None:
+        """Drop a connection whose call failed with ``exc``; if the connection was ``lost``
+        (by default: what the dialect calls a disconnection), hand the kept ones back to the
+        pool too. What ended one (a server restart, a failover, a killed session) has often
+        ended them all, and here each would fail a call of its own, where the pool's
+        pre-ping replaces it unseen. Other errors (a missing table, a constraint) keep them:
+        a caller repeating a bad publish would otherwise open them all again each time."""
         await discard(conn)
-        if isinstance(exc, Exception):
+        if lost is None:
+            lost = isinstance(exc, Exception) and self._disconnection(exc)
+        if lost:
             await self._return_kept()
+
+    def _disconnection(self, exc: Exception) -> bool:
+        orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        if isinstance(orig, OSError | TimeoutError):
+            return True
+        try:
+            return bool(self.db.dialect.is_disconnect(orig, None, None))
+        except Exception:  # a dialect that cannot judge a bare driver error
+            return False
 
     async def _close_kept(self) -> None:
         """Return the kept connections to the pool; later calls do not keep any."""

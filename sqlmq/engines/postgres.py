@@ -80,9 +80,9 @@ class PgConnections(SqlEngine):
                 ids = await self._copy_on(await driver_connection(conn), messages, channel,
                                           stage)
             except Exception as exc:
-                if conn is not None:
-                    await self._discard(conn, exc)
                 lost = never_sent(exc) or connection_lost(exc)
+                if conn is not None:
+                    await self._discard(conn, exc, lost)
                 if lost and stage[0] == "COMMIT" and not never_sent(exc):
                     raise _publish_unknown(messages, exc) from exc
                 if lost and (conn is not None or never_sent(exc)) and attempt < _SEND_TRIES:
@@ -148,7 +148,7 @@ class PgConnections(SqlEngine):
                 rows = await raw.fetch(statement, *args)
             except Exception as exc:
                 if conn is not None:
-                    await self._discard(conn, exc)
+                    await self._discard(conn, exc, never_sent(exc) or connection_lost(exc))
                 unsent = never_sent(exc) or (
                     conn is not None and not sent and connection_lost(exc))
                 if unsent and attempt < _SEND_TRIES:
