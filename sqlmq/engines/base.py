@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any, NoReturn
 
 from sqlalchemy import URL, insert, literal
@@ -72,7 +73,6 @@ class KeptConnections:
         #: those at the bottom are the ones the load no longer needs.
         self._kept: list[tuple[AsyncConnection, float]] = []
         self._kept_closed = False
-        self._keep_most: int | None = None
 
     async def _checkout(self) -> AsyncConnection:
         kept = self._kept
@@ -94,28 +94,29 @@ class KeptConnections:
         while kept and now - kept[0][1] >= self.KEEP_FOR:  # idle since the load fell
             with contextlib.suppress(Exception):
                 await self._release(kept.pop(0)[0])
-        if self._keep_most is None:
-            self._keep_most = keep_limit(self.db.pool, self.KEEP_RESERVE, self.KEEP_UNBOUNDED)
         if self._kept_closed or len(kept) >= self._keep_most:
             await self._release(conn)
         else:
             kept.append((conn, now))
 
-    async def _discard(self, conn: AsyncConnection, exc: BaseException,
-                       lost: bool | None = None) -> None:
-        """Drop a connection whose call failed with ``exc``; if the connection was ``lost``
-        (by default: what the dialect calls a disconnection), hand the kept ones back to the
-        pool too. What ended one (a server restart, a failover, a killed session) has often
-        ended them all, and here each would fail a call of its own, where the pool's
-        pre-ping replaces it unseen. Other errors (a missing table, a constraint) keep them:
-        a caller repeating a bad publish would otherwise open them all again each time."""
+    @cached_property
+    def _keep_most(self) -> int:
+        """Read from the pool on first use: ``db`` is set after this class's ``__init__``."""
+        return keep_limit(self.db.pool, self.KEEP_RESERVE, self.KEEP_UNBOUNDED)
+
+    async def _discard(self, conn: AsyncConnection, exc: BaseException) -> None:
+        """Drop a connection whose call failed with ``exc``; if the connection was lost
+        (:meth:`_disconnection`), hand the kept ones back to the pool too. What ended one
+        (a server restart, a failover, a killed session) has often ended them all, and here
+        each would fail a call of its own, where the pool's pre-ping replaces it unseen.
+        Other errors (a missing table, a constraint) keep them: a caller repeating a bad
+        publish would otherwise open them all again each time."""
         await discard(conn)
-        if lost is None:
-            lost = isinstance(exc, Exception) and self._disconnection(exc)
-        if lost:
+        if isinstance(exc, Exception) and self._disconnection(exc):
             await self._return_kept()
 
     def _disconnection(self, exc: Exception) -> bool:
+        """Whether ``exc`` says the connection died: the dialect's own test."""
         orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
         if isinstance(orig, OSError | TimeoutError):
             return True

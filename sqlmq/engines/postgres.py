@@ -66,6 +66,11 @@ class PgConnections(SqlEngine):
         self._reserve: str | None = None  # COPY_RESERVE, once the id sequence is known
         self._can_copy = True  # False once the id column turns out to have no sequence
 
+    def _disconnection(self, exc: Exception) -> bool:
+        """asyncpg's own errors, which reach here unwrapped and which SQLAlchemy's dialect
+        does not judge, as well as the server's word for a session it ended."""
+        return never_sent(exc) or connection_lost(exc)
+
     async def _copy(self, messages: NewMessages, channel: str) -> list[int] | None:
         """One transaction: reserve the ids, read the clock and queue the NOTIFY in one
         statement, COPY the rows, COMMIT. None when the table has no id sequence to reserve
@@ -80,9 +85,9 @@ class PgConnections(SqlEngine):
                 ids = await self._copy_on(await driver_connection(conn), messages, channel,
                                           stage)
             except Exception as exc:
-                lost = never_sent(exc) or connection_lost(exc)
                 if conn is not None:
-                    await self._discard(conn, exc, lost)
+                    await self._discard(conn, exc)
+                lost = never_sent(exc) or connection_lost(exc)
                 if lost and stage[0] == "COMMIT" and not never_sent(exc):
                     raise _publish_unknown(messages, exc) from exc
                 if lost and (conn is not None or never_sent(exc)) and attempt < _SEND_TRIES:
@@ -148,7 +153,7 @@ class PgConnections(SqlEngine):
                 rows = await raw.fetch(statement, *args)
             except Exception as exc:
                 if conn is not None:
-                    await self._discard(conn, exc, never_sent(exc) or connection_lost(exc))
+                    await self._discard(conn, exc)
                 unsent = never_sent(exc) or (
                     conn is not None and not sent and connection_lost(exc))
                 if unsent and attempt < _SEND_TRIES:
