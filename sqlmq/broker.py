@@ -19,10 +19,11 @@ from .connect import safe_url
 from .engines import engine_for
 from .engines.contract import Engine, WakeSource
 from .errors import ConfigurationError
-from .lifecycle import AckPolicy, Outcome
+from .handover import hand_over, idle_runtime
+from .lifecycle import AckPolicy
 from .maintenance import LeaseRecovery
 from .publishing import check_executor, prepare
-from .records import NewMessage, QueueStats, Settlement
+from .records import QueueStats
 from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
 from .schema import DEFAULT_PREFIX, Schema, build_schema
@@ -100,72 +101,62 @@ class Broker:
     async def publish(
         self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None, at: datetime | None = None,
-        priority: int = 0, connection: AsyncConnection | AsyncSession | None = None,
+        priority: int = 0, expires: float | timedelta | datetime | None = None,
+        connection: AsyncConnection | AsyncSession | None = None,
     ) -> int:
         """Publish one message; returns its id. With ``connection`` it commits or rolls
-        back with the caller's transaction. A higher ``priority`` (-32768..32767) goes first."""
+        back with the caller's transaction. A higher ``priority`` (-32768..32767) goes first.
+        A message not started by ``expires`` (seconds or a timedelta from the database's
+        now, or a moment) is archived EXPIRED instead of running."""
         (msg_id,) = await self.publish_batch(queue, [body], headers=headers, delay=delay, at=at,
-                                             priority=priority, connection=connection)
+                                             priority=priority, expires=expires,
+                                             connection=connection)
         return msg_id
 
     async def publish_batch(
         self, queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None, at: datetime | None = None,
-        priority: int = 0, connection: AsyncConnection | AsyncSession | None = None,
+        priority: int = 0, expires: float | timedelta | datetime | None = None,
+        connection: AsyncConnection | AsyncSession | None = None,
     ) -> list[int]:
-        """Publish many messages (one priority) to one queue at once; ids in order."""
+        """Publish many messages (one priority and expiry) to one queue at once; ids in
+        order."""
         messages = prepare(queue, bodies, headers=headers, delay=delay, at=at,
-                           max_payload_bytes=self.max_payload_bytes, priority=priority)
+                           max_payload_bytes=self.max_payload_bytes, priority=priority,
+                           expires=expires)
         if not messages:
             return []
         check_executor(connection, asynchronous=True)
         if connection is None and self._engine.hands_over and len(messages) == 1 \
                 and messages.at is None:
-            direct = self._idle_runtime(messages[0])
+            direct = idle_runtime(self._runtimes, self._wakeups, messages[0])
             if direct is not None:
-                return [await self._publish_to(direct, messages[0])]
+                return [await hand_over(self._engine, self._wakeups, direct, messages[0])]
         ids = await self._engine.publish(messages, connection)
         self._wakeups.wake_when_visible(queue, connection)
         return ids
 
-    def _idle_runtime(self, message: NewMessage) -> SubscriberRuntime | None:
-        """A subscriber of this process, on this loop, with nothing to do that would take
-        ``message`` (due now) at once."""
-        if message.delay > 0 or self._wakeups.loop is not asyncio.get_running_loop():
-            return None
-        for runtime in self._runtimes:
-            if runtime.takes_direct(message.queue):
-                return runtime
-        return None
-
-    async def _publish_to(self, runtime: SubscriberRuntime, message: NewMessage) -> int:
-        """Publish ``message`` already acquired for ``runtime`` and hand it over: one round
-        trip from publish to handler, where an acquire would add another. The row is what
-        an acquire leaves, leased and fenced as usual, so a crash loses nothing."""
-        d = await self._engine.publish_leased(message, runtime.cfg.lease)
-        if not runtime.hand_over(d):  # it began to stop meanwhile: back to the queue
-            await self._engine.settle([Settlement(d.id, d.deliveries, Outcome.RELEASE,
-                                                  refund=True, attempted=False)])
-            self._wakeups.wake_when_visible(message.queue, None)
-        return d.id
-
     def publish_sync(
         self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None, at: datetime | None = None,
-        priority: int = 0, connection: Connection | Session | None = None,
+        priority: int = 0, expires: float | timedelta | datetime | None = None,
+        connection: Connection | Session | None = None,
     ) -> int:
         """The synchronous twin of :meth:`publish`, for code without an event loop."""
         (msg_id,) = self.publish_batch_sync(queue, [body], headers=headers, delay=delay, at=at,
-                                            priority=priority, connection=connection)
+                                            priority=priority, expires=expires,
+                                            connection=connection)
         return msg_id
 
     def publish_batch_sync(
         self, queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None, at: datetime | None = None,
-        priority: int = 0, connection: Connection | Session | None = None,
+        priority: int = 0, expires: float | timedelta | datetime | None = None,
+        connection: Connection | Session | None = None,
     ) -> list[int]:
         messages = prepare(queue, bodies, headers=headers, delay=delay, at=at,
-                           max_payload_bytes=self.max_payload_bytes, priority=priority)
+                           max_payload_bytes=self.max_payload_bytes, priority=priority,
+                           expires=expires)
         if not messages:
             return []
         check_executor(connection, asynchronous=False)

@@ -206,9 +206,9 @@ async def _queues(broker: Broker, args: argparse.Namespace) -> int:
                                        s.oldest_ready_at.isoformat()} for s in stats]))
         return 0
     columns = ("queue", "pending", "processing", "retryable", "completed", "failed",
-               "oldest ready")
+               "expired", "oldest ready")
     found = [(s.queue, str(s.pending), str(s.processing), str(s.retryable), str(s.completed),
-              str(s.failed),
+              str(s.failed), str(s.expired),
               s.oldest_ready_at.isoformat(timespec="seconds") if s.oldest_ready_at else "")
              for s in stats]
     if not sys.stdout.isatty():  # piped: whole names, one line per queue, tab-separated

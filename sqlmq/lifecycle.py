@@ -5,12 +5,13 @@ became of one delivery into the settlement a flush writes.
 
     PENDING ──acquire──▶ PROCESSING ──ack──────────────▶ COMPLETED (archive)
        ▲                    │  │ ──reject / no retries──▶ FAILED    (archive)
+       │                    │  │ ──past its expiry──────▶ EXPIRED   (archive, never run)
        │                    │  └──nack, retry allowed──▶ RETRYABLE ──acquire──▶ PROCESSING
        └──lease expired / released on stop──┘
 
-PENDING, PROCESSING and RETRYABLE rows live in the message table; COMPLETED and FAILED
-rows are moved to the archive in the same transaction that deletes them. ``docs/lifecycle.md``
-draws every transition and names the :class:`Ending` that leads to each.
+PENDING, PROCESSING and RETRYABLE rows live in the message table; COMPLETED, FAILED and
+EXPIRED rows are moved to the archive in the same transaction that deletes them.
+``docs/lifecycle.md`` draws every transition and names the :class:`Ending` that leads to each.
 
 :func:`decide` is pure: no I/O, no clock, no logging (the runtime logs). The only code it
 calls that is not its own is the subscriber's retry strategy. It lives here, below the
@@ -34,6 +35,7 @@ class State(StrEnum):
     RETRYABLE = "RETRYABLE"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    EXPIRED = "EXPIRED"  # acquired after its ``expires_at``: archived without running
 
 
 class AckPolicy(StrEnum):
@@ -57,6 +59,7 @@ class Outcome(StrEnum):
 
     COMPLETE = State.COMPLETED.value  # archive as COMPLETED
     FAIL = State.FAILED.value  # archive as FAILED
+    EXPIRE = State.EXPIRED.value  # archive as EXPIRED
     RETRY = "RETRY"  # back to the table as RETRYABLE, after a delay
     RELEASE = "RELEASE"  # back to PENDING, no attempt counted (stop, quarantine, a fault)
 
@@ -64,7 +67,7 @@ class Outcome(StrEnum):
     def archives(self) -> bool:
         """Whether the settle moves the row to the archive (the engines' ``landed`` looks
         for it there)."""
-        return self in (Outcome.COMPLETE, Outcome.FAIL)
+        return self in (Outcome.COMPLETE, Outcome.FAIL, Outcome.EXPIRE)
 
 
 class Ending(Enum):
@@ -80,6 +83,9 @@ class Ending(Enum):
     UNDECODABLE_ROW = "undecodable row"
     #: The delivery's number is over ``max_deliveries``: archived FAILED without running.
     MAX_DELIVERIES = "max deliveries"
+    #: Acquired at or after its ``expires_at``: archived EXPIRED without running, not
+    #: counted as an attempt.
+    EXPIRED = "expired"
     #: Never started (a stop, or a suspect that must run alone): back to PENDING at once,
     #: the delivery refunded.
     UNSTARTED = "unstarted"
@@ -114,6 +120,10 @@ class Delivered(Protocol):
     def history(self) -> list[dict[str, Any]]: ...
     @property
     def defect(self) -> str | None: ...
+    @property
+    def acquired_at(self) -> datetime: ...
+    @property
+    def expires_at(self) -> datetime | None: ...
 
 
 class Policy(Protocol):
@@ -183,10 +193,14 @@ def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
 
 
 def unrunnable(d: Delivered, policy: Policy) -> Ending | None:
-    """Why ``d`` must end without its handler running (``UNDECODABLE_ROW``,
-    ``MAX_DELIVERIES``), or None: run it."""
+    """Why ``d`` must end without its handler running (``UNDECODABLE_ROW``, ``EXPIRED``,
+    ``MAX_DELIVERIES``), or None: run it. Expiry compares two times the database wrote (the
+    acquire's and the publish's), so no host's clock takes part."""
     if d.defect is not None:
         return Ending.UNDECODABLE_ROW
+    expires_at = d.expires_at
+    if expires_at is not None and d.acquired_at >= expires_at:
+        return Ending.EXPIRED
     limit = policy.max_deliveries  # exceeds_max_deliveries(), inlined: once per message
     if limit is not None and d.deliveries > limit:  # type: ignore[operator]
         return Ending.MAX_DELIVERIES
@@ -244,6 +258,13 @@ def _max_deliveries(d: Delivered, policy: Policy, error: BaseException | None) -
     return _fail(d, reason, "max_deliveries", attempted=False)
 
 
+def _expired(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
+    reason = f"expired at {d.expires_at.isoformat() if d.expires_at else '?'} before it ran"
+    history = append_history(d.history, history_entry(d.deliveries, "expired", error=reason))
+    return Settlement(d.id, d.deliveries, Outcome.EXPIRE, error=reason, attempted=False,
+                      history=history)
+
+
 def _unstarted(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
     return Settlement(d.id, d.deliveries, Outcome.RELEASE, refund=True, attempted=False)
 
@@ -264,6 +285,7 @@ _UNHANDLED = {
     Ending.UNDECODABLE_BODY: _undecodable_body,
     Ending.UNDECODABLE_ROW: _undecodable_row,
     Ending.MAX_DELIVERIES: _max_deliveries,
+    Ending.EXPIRED: _expired,
     Ending.UNSTARTED: _unstarted,
     Ending.ABANDONED: _abandoned,
     Ending.CUT_SHORT: _cut_short,

@@ -82,6 +82,12 @@ class Message:
         return self._delivery.priority
 
     @property
+    def expires_at(self) -> datetime | None:
+        """When it expires (None: never); a handler only ever sees it before then, so a
+        long handler can tell how much of its time is left."""
+        return self._delivery.expires_at
+
+    @property
     def history(self) -> list[dict[str, Any]]:
         """How earlier deliveries ended (newest last, bounded)."""
         return list(self._delivery.history)

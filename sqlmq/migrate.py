@@ -82,6 +82,13 @@ def _v4(conn: Connection, schema: Schema) -> None:
         Index(name, stand_in.c.queue).drop(conn)
 
 
+def _v5(conn: Connection, schema: Schema) -> None:
+    """Expiry: an ``expires_at`` column (NULL: never) on the message table. Nullable with no
+    default, so no table is rewritten; looks before it acts, as version 3."""
+    if "expires_at" not in {c["name"] for c in inspect(conn).get_columns(schema.message.name)}:
+        conn.execute(AddColumn(schema.message.c.expires_at))
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -96,7 +103,8 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
     return f"ALTER TABLE {table} ADD COLUMN {compiler.process(CreateColumn(element.column))}"
 
 
-MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
+    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

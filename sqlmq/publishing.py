@@ -36,6 +36,28 @@ def _delay_seconds(delay: float | timedelta | None) -> float:
     return float(delay)
 
 
+def _expiry(expires: float | timedelta | datetime | None) -> tuple[float | None,
+                                                                    datetime | None]:
+    """``(expires_in, expires_at)`` of a publish's ``expires``: seconds or a timedelta from
+    the database's now, or a moment (timezone-aware)."""
+    if expires is None:
+        return None, None
+    if isinstance(expires, datetime):
+        if expires.tzinfo is None:
+            raise PublishError("expires must be a timezone-aware datetime, seconds or a "
+                               "timedelta")
+        return None, expires
+    if isinstance(expires, timedelta):
+        expires = expires.total_seconds()
+    if not isinstance(expires, int | float) or isinstance(expires, bool):
+        raise PublishError(f"expires must be seconds, a timedelta or a datetime, got "
+                           f"{type(expires).__name__}")
+    if math.isnan(expires) or math.isinf(expires) or not 0 < expires <= MAX_DELAY:
+        raise PublishError(f"expires must be more than 0 and at most {MAX_DELAY:.0f} seconds, "
+                           f"got {expires}")
+    return float(expires), None
+
+
 def _priority(priority: int) -> int:
     """An int (not a bool) in ``MIN_PRIORITY..MAX_PRIORITY``: higher is taken first."""
     if not isinstance(priority, int) or isinstance(priority, bool):
@@ -95,7 +117,7 @@ def check_executor(executor: Any, *, asynchronous: bool) -> None:
 def prepare(
     queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None,
     delay: float | timedelta | None, at: datetime | None, max_payload_bytes: int,
-    priority: int = 0,
+    priority: int = 0, expires: float | timedelta | datetime | None = None,
 ) -> NewMessages:
     """Validate and encode everything before anything is written."""
     try:
@@ -104,6 +126,7 @@ def prepare(
         raise PublishError(str(exc)) from None
     seconds = _delay_seconds(delay)
     priority = _priority(priority)
+    expires_in, expires_at = _expiry(expires)
     if at is not None:
         if delay is not None:
             raise PublishError("pass either delay or at, not both")
@@ -135,4 +158,4 @@ def prepare(
             h.setdefault(CONTENT_TYPE, content_type)
         payloads.append(payload)
         shared.append(h)
-    return NewMessages(queue, payloads, shared, seconds, at, priority)
+    return NewMessages(queue, payloads, shared, seconds, at, priority, expires_in, expires_at)

@@ -26,6 +26,8 @@ class NewMessage:
     delay: float = 0.0  # seconds from database now; ignored when ``at`` is set
     at: datetime | None = None
     priority: int = 0  # higher is taken first among ready messages
+    expires_in: float | None = None  # seconds from database now; ignored when ``expires_at``
+    expires_at: datetime | None = None  # is set. Neither: it never expires
 
 
 @dataclass(slots=True)
@@ -43,6 +45,8 @@ class NewMessages(Sequence[NewMessage]):
     delay: float = 0.0  # seconds from database now; ignored when ``at`` is set
     at: datetime | None = None
     priority: int = 0
+    expires_in: float | None = None  # as NewMessage's
+    expires_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if len(self.payloads) != len(self.headers):
@@ -50,19 +54,19 @@ class NewMessages(Sequence[NewMessage]):
 
     @classmethod
     def of(cls, messages: Iterable[NewMessage]) -> NewMessages:
-        """The batch of ``messages``, which must share their queue, schedule and priority
-        (one publish writes one of each)."""
+        """The batch of ``messages``, which must share their queue, schedule, priority and
+        expiry (one publish writes one of each)."""
         items = list(messages)
         if not items:
             raise ValueError("a publish needs at least one message")
         first = items[0]
-        shared = (first.queue, first.delay, first.at, first.priority)
+        shared = _shared(first)
         for m in items:
-            if (m.queue, m.delay, m.at, m.priority) != shared:
-                raise ValueError(f"one publish shares its queue, schedule and priority: "
-                                 f"{m!r} differs from {first!r}")
+            if _shared(m) != shared:
+                raise ValueError(f"one publish shares its queue, schedule, priority and "
+                                 f"expiry: {m!r} differs from {first!r}")
         return cls(first.queue, [m.payload for m in items], [m.headers for m in items],
-                   first.delay, first.at, first.priority)
+                   first.delay, first.at, first.priority, first.expires_in, first.expires_at)
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -74,13 +78,19 @@ class NewMessages(Sequence[NewMessage]):
     def __getitem__(self, index: int | slice) -> NewMessage | NewMessages:
         if isinstance(index, slice):
             return NewMessages(self.queue, self.payloads[index], self.headers[index],
-                               self.delay, self.at, self.priority)
+                               self.delay, self.at, self.priority, self.expires_in,
+                               self.expires_at)
         return NewMessage(self.queue, self.payloads[index], self.headers[index], self.delay,
-                          self.at, self.priority)
+                          self.at, self.priority, self.expires_in, self.expires_at)
 
     def __iter__(self) -> Iterator[NewMessage]:
         for payload, headers in zip(self.payloads, self.headers, strict=True):
-            yield NewMessage(self.queue, payload, headers, self.delay, self.at, self.priority)
+            yield NewMessage(self.queue, payload, headers, self.delay, self.at, self.priority,
+                             self.expires_in, self.expires_at)
+
+
+def _shared(m: NewMessage) -> tuple[Any, ...]:
+    return (m.queue, m.delay, m.at, m.priority, m.expires_in, m.expires_at)
 
 
 @dataclass(slots=True)
@@ -106,6 +116,9 @@ class Delivery:
     defect: str | None = None
     #: The message's priority (higher is taken first among ready messages).
     priority: int = 0
+    #: When it expires (database time; None: never). A delivery acquired at or after it is
+    #: archived EXPIRED without running.
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,3 +130,4 @@ class QueueStats:
     completed: int
     failed: int
     oldest_ready_at: datetime | None
+    expired: int = 0

@@ -41,7 +41,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -210,6 +210,9 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("last_error", Text),
         Column("history", _json()),
         _priority(),
+        # schema version 5: when the message expires (NULL: never). Read by the runtime from
+        # each delivery, not by acquire, so no index: see sqlmq.lifecycle.unrunnable.
+        Column("expires_at", UTCDateTime()),
         Index(
             f"ix_{m}_lease",
             "lease_expires_at",

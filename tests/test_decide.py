@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -37,6 +37,8 @@ class D:
     attempts: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     defect: str | None = None
+    acquired_at: datetime = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    expires_at: datetime | None = None
 
 
 @dataclass
@@ -250,6 +252,35 @@ def test_a_defect_is_reported_before_max_deliveries() -> None:
     assert unrunnable(D(deliveries=99, defect="x"), P(max_deliveries=1)) is Ending.UNDECODABLE_ROW
 
 
+NOON = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("expires_at", "expired"), [
+    (None, False), (NOON + timedelta(microseconds=1), False), (NOON, True),
+    (NOON - timedelta(days=1), True)])
+def test_a_delivery_acquired_at_or_after_its_expiry_is_archived_expired_unrun(
+    expires_at: datetime | None, expired: bool,
+) -> None:
+    """Expiry compares the acquire's time with the stored expiry, both the database's: a
+    delivery acquired at the very moment of expiry is too late."""
+    d = D(deliveries=2, attempts=1, acquired_at=NOON, expires_at=expires_at,
+          history=[{"delivery": 1, "ended": "error"}])
+    assert unrunnable(d, P()) is (Ending.EXPIRED if expired else None)
+    if expired:
+        s = decide(d, P(), ending=Ending.EXPIRED)
+        assert (s.outcome, s.attempted, s.outcome.archives) == (Outcome.EXPIRE, False, True)
+        assert s.error == f"expired at {expires_at.isoformat()} before it ran"  # type: ignore[union-attr]
+        assert s.history is not None and len(s.history) == 2 and ended(s) == "expired"
+
+
+def test_a_defect_goes_before_expiry_and_expiry_before_max_deliveries() -> None:
+    """An undecodable row is reported as such; an expired message over the delivery limit
+    was still never meant to run (EXPIRED, not a dead letter)."""
+    past = NOON - timedelta(seconds=1)
+    assert unrunnable(D(defect="x", expires_at=past), P()) is Ending.UNDECODABLE_ROW
+    assert unrunnable(D(deliveries=99, expires_at=past), P(max_deliveries=1)) is Ending.EXPIRED
+
+
 def test_an_unstarted_delivery_goes_back_with_its_delivery_refunded() -> None:
     s = decide(D(deliveries=3), P(), ending=Ending.UNSTARTED)
     assert s == Settlement(7, 3, Outcome.RELEASE, refund=True, attempted=False)
@@ -280,5 +311,6 @@ def test_every_ending_is_decided() -> None:
         assert isinstance(s, Settlement) and s.id == 7
 
 
-def test_only_complete_and_fail_archive() -> None:
-    assert {o for o in Outcome if o.archives} == {Outcome.COMPLETE, Outcome.FAIL}
+def test_only_complete_fail_and_expire_archive() -> None:
+    assert {o for o in Outcome if o.archives} == {Outcome.COMPLETE, Outcome.FAIL,
+                                                  Outcome.EXPIRE}

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+import sqlmq.broker
 from sqlmq import Broker, Message
+from sqlmq.handover import hand_over, idle_runtime
 
 from .conftest import archived, rows, wait_until
 
@@ -90,7 +92,9 @@ async def test_a_handed_over_message_that_fails_is_retried_as_usual(broker: Brok
     assert [e["ended"] for e in done["history"]] == ["nacked"]
 
 
-async def test_no_hand_over_with_a_delay_a_backlog_or_a_busy_subscriber(broker: Broker) -> None:
+async def test_no_hand_over_with_a_delay_a_backlog_or_a_busy_subscriber(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     release = asyncio.Event()
     running = 0
 
@@ -101,13 +105,12 @@ async def test_no_hand_over_with_a_delay_a_backlog_or_a_busy_subscriber(broker: 
         await release.wait()
 
     handed: list[int] = []
-    publish_to = broker._publish_to
 
-    async def spy(runtime: Any, message: Any) -> int:
-        handed.append(msg_id := await publish_to(runtime, message))
+    async def spy(*args: Any) -> int:
+        handed.append(msg_id := await hand_over(*args))
         return msg_id
 
-    broker._publish_to = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(sqlmq.broker, "hand_over", spy)
     # Before the first acquire, the subscriber does not know whether a backlog waits.
     first = await broker.publish("jobs", "backlog")
     assert (await rows(broker, id=first))[0]["state"] == "PENDING"
@@ -141,10 +144,10 @@ async def test_a_subscriber_stopping_meanwhile_gets_nothing_and_the_message_wait
     await _caught_up(broker)
     (runtime,) = broker.runtimes
     # Chosen while idle, stopping by the time the row is written.
-    assert broker._idle_runtime(_message("jobs")) is runtime
+    assert idle_runtime(broker.runtimes, broker._wakeups, _message("jobs")) is runtime
     runtime.fetcher.stopping = True
 
-    msg_id = await broker._publish_to(runtime, _message("jobs"))
+    msg_id = await hand_over(broker.engine, broker._wakeups, runtime, _message("jobs"))
 
     (row,) = await rows(broker, id=msg_id)
     assert row["state"] == "PENDING" and row["deliveries_count"] == 0

@@ -36,7 +36,7 @@ from .contract import WakeSource
 from .sql import names_for
 
 #: The outcomes that end a message (its row moves to the archive), and those that put it back.
-ARCHIVING = frozenset((Outcome.COMPLETE, Outcome.FAIL))
+ARCHIVING = frozenset(o for o in Outcome if o.archives)
 RETURNING = frozenset((Outcome.RETRY, Outcome.RELEASE))
 
 class KeptConnections:
@@ -291,12 +291,13 @@ class SqlEngine(KeptConnections):
         has no RETURNING: one multi-row INSERT per chunk, whose ids are consecutive."""
         t = self.schema.message
         when = messages.at if messages.at is not None else db_now_plus(literal(messages.delay))
+        expires = expires_at_of(messages)
         chunks = [messages[i : i + self.CHUNK] for i in range(0, len(messages), self.CHUNK)]
         if dialect.name == "sqlite" or bool(getattr(dialect, "is_mariadb", False)):
             statement = insert(t).values(
                 state=State.PENDING.value, attempts_count=0, deliveries_count=0,
                 created_at=db_now_plus(literal(0.0)), next_attempt_at=when,
-                priority=messages.priority,
+                priority=messages.priority, expires_at=expires,
             ).returning(t.c.id)
             return [(statement, [{"queue": c.queue, "headers": h, "payload": p}
                                  for p, h in zip(c.payloads, c.headers, strict=True)],
@@ -306,7 +307,7 @@ class SqlEngine(KeptConnections):
             rows = [{"queue": c.queue, "headers": h, "payload": p,
                      "state": State.PENDING.value, "attempts_count": 0, "deliveries_count": 0,
                      "created_at": db_now_plus(literal(0.0)), "next_attempt_at": when,
-                     "priority": c.priority}
+                     "priority": c.priority, "expires_at": expires}
                     for p, h in zip(c.payloads, c.headers, strict=True)]
             plans.append((insert(t).values(rows), None, _consecutive_ids(len(c))))
         return plans
@@ -477,6 +478,7 @@ class ArchiveAndStatsMixin:
                 completed=c.get(State.COMPLETED, 0),
                 failed=c.get(State.FAILED, 0),
                 oldest_ready_at=c["oldest"],
+                expired=c.get(State.EXPIRED, 0),
             )
             for q, c in sorted(counts.items())
         ]
@@ -627,11 +629,20 @@ def undecodable_delivery(msg_id: int, queue: str, attempts: int, deliveries: int
 
 
 def leased_delivery(message: NewMessage, msg_id: int, now: datetime,
-                    lease_expires_at: datetime) -> Delivery:
+                    lease_expires_at: datetime, expires_at: datetime | None = None) -> Delivery:
     """The delivery of a message published already acquired (``publish_leased``): the row
-    an acquire at ``now`` would have left, its first delivery."""
+    an acquire at ``now`` would have left, its first delivery; ``expires_at`` as stored."""
     return Delivery(msg_id, message.queue, dict(message.headers), message.payload, 0, 1, now,
-                    now, now, lease_expires_at, now, [], priority=message.priority)
+                    now, now, lease_expires_at, now, [], priority=message.priority,
+                    expires_at=expires_at)
+
+
+def expires_at_of(messages: NewMessage | NewMessages) -> Any:
+    """The ``expires_at`` a publish stores, for SQLAlchemy Core: the moment given, now plus
+    the seconds given on the database clock, or NULL."""
+    if messages.expires_in is not None:
+        return db_now_plus(literal(messages.expires_in))
+    return messages.expires_at
 
 
 class BatchTimes(dict[Any, datetime]):

@@ -60,11 +60,12 @@ class Row:
     last_error: str | None = None
     history: list[dict[str, Any]] | None = None
     priority: int = 0
+    expires_at: datetime | None = None
 
 
 @dataclass(slots=True)
 class Archived:
-    """A row of the archive (COMPLETED or FAILED)."""
+    """A row of the archive (COMPLETED, FAILED or EXPIRED)."""
 
     id: int
     queue: str
@@ -108,11 +109,15 @@ class MemoryStore:
         """Rows for ``messages`` with their ids taken (in order), not yet visible."""
         at = messages.at
         ready = now + timedelta(seconds=messages.delay) if at is None else at.astimezone(UTC)
+        expires_at = (now + timedelta(seconds=messages.expires_in)
+                      if messages.expires_in is not None
+                      else None if messages.expires_at is None
+                      else messages.expires_at.astimezone(UTC))
         out = []
         for payload, headers in zip(messages.payloads, messages.headers, strict=True):
             self.last_id += 1
             out.append(Row(self.last_id, messages.queue, dict(headers), payload, now, ready,
-                           priority=messages.priority))
+                           priority=messages.priority, expires_at=expires_at))
         return out
 
     def add(self, rows: Iterable[Row]) -> None:
@@ -237,7 +242,7 @@ class MemoryStore:
             c[a.state] = c.get(a.state, 0) + 1
         return [QueueStats(q, c.get(State.PENDING, 0), c.get(State.PROCESSING, 0),
                            c.get(State.RETRYABLE, 0), c.get(State.COMPLETED, 0),
-                           c.get(State.FAILED, 0), oldest.get(q))
+                           c.get(State.FAILED, 0), oldest.get(q), c.get(State.EXPIRED, 0))
                 for q, c in sorted(counts.items())]
 
 
@@ -245,7 +250,8 @@ def _delivery(r: Row, scheduled: datetime | None) -> Delivery:
     assert r.acquired_at is not None and r.lease_expires_at is not None
     return Delivery(r.id, r.queue, dict(r.headers), r.payload, r.attempts_count,
                     r.deliveries_count, r.created_at, r.first_attempt_at, r.acquired_at,
-                    r.lease_expires_at, scheduled, _copy(r.history) or [], priority=r.priority)
+                    r.lease_expires_at, scheduled, _copy(r.history) or [], priority=r.priority,
+                    expires_at=r.expires_at)
 
 
 def _move_back(row: Row, s: Settlement, now: datetime) -> None:

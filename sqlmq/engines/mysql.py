@@ -176,7 +176,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             message = messages[0]
             delay = round(message.delay * 1_000_000)
             args = [message.queue, json.dumps(message.headers), message.payload, delay,
-                    message.priority]
+                    message.priority, *_expiry(message)]
             ((row,),) = await self._packet([(self._insert_one_sql, args), (sql.LAST_ID, ())],
                                            keep=[1])
             return [int(row[0])]
@@ -191,7 +191,8 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         when = ((sql.INSERT_MANY_DELAY, [round(messages.delay * 1_000_000)]) if at is None
                 else (sql.INSERT_MANY_AT, [at.astimezone(UTC).replace(tzinfo=None)]))
         statements: list[tuple[str, Sequence[Any]]] = [
-            (sql.BEGIN, ()), (sql.INSERT_MANY_SHARED, [messages.queue, messages.priority]),
+            (sql.BEGIN, ()),
+            (sql.INSERT_MANY_SHARED, [messages.queue, messages.priority, *_expiry(messages)]),
             when]
         encoded = BatchHeaderTexts()
         args: list[Any] = []
@@ -232,11 +233,15 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             (sql.INSERT_LEASED_CLOCK, ()),
             (self._insert_leased_sql,
              [message.queue, json.dumps(message.headers), message.payload, us,
-              message.priority]),
+              message.priority, *_expiry(message)]),
             (sql.INSERT_LEASED_READ, ()),
         ], keep=[2])
         now = _utc(row[1])
-        return leased_delivery(message, int(row[0]), now, now + timedelta(microseconds=us))
+        expires_at, expires_us = _expiry(message)
+        return leased_delivery(
+            message, int(row[0]), now, now + timedelta(microseconds=us),
+            now + timedelta(microseconds=expires_us) if expires_us is not None
+            else None if expires_at is None else expires_at.replace(tzinfo=UTC))
 
     # ---- consuming -----------------------------------------------------------------------
 
@@ -374,9 +379,18 @@ def _deliveries(rows: list[Any], lease: float) -> list[Delivery]:
             scheduled_at=utc(r[8]),
             history=decode_history(r[9]),
             priority=r[11],
+            expires_at=utc(r[12]),
         )
 
     return decode_rows(rows, decode, _undecodable)
+
+
+def _expiry(messages: NewMessage | NewMessages) -> tuple[datetime | None, int | None]:
+    """The expiry parameters of INSERT_ONE and the others: the moment (naive UTC, as stored),
+    or microseconds from the database's now."""
+    at, seconds = messages.expires_at, messages.expires_in
+    return (None if at is None else at.astimezone(UTC).replace(tzinfo=None),
+            None if seconds is None else round(seconds * 1_000_000))
 
 
 async def _run(

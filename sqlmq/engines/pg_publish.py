@@ -20,10 +20,12 @@ from ..records import NewMessages
 
 def insert_args(channel: str, messages: NewMessages) -> tuple[Any, ...]:
     """INSERT's (or INSERT_AT's) parameters for ``messages``: queue, header sets, keys,
-    payloads, channel, the delay or the moment, then the priority."""
+    payloads, channel, the delay or the moment, the priority, then the expiry (moment,
+    seconds)."""
     sets, keys = _headers_sets(messages.headers)
     return (messages.queue, _pg_texts(sets), keys, _pg_bytea(messages.payloads), channel,
-            messages.delay if messages.at is None else messages.at, messages.priority)
+            messages.delay if messages.at is None else messages.at, messages.priority,
+            messages.expires_at, messages.expires_in)
 
 
 def _pg_texts(values: Iterable[str]) -> str:
@@ -79,21 +81,25 @@ PG_COPY_MIN = 200
 
 #: The columns the COPY stream carries, in this order; the others keep their defaults (NULL).
 PG_COPY_COLUMNS = ("id", "payload", "queue", "headers", "state", "attempts_count",
-                   "deliveries_count", "created_at", "next_attempt_at", "priority")
+                   "deliveries_count", "created_at", "next_attempt_at", "priority",
+                   "expires_at")
 
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 # Per row: field count, then (length, value) per field: id (int8), then the payload's length.
 _ROW_HEAD = struct.Struct(">hiqi").pack
 _INT4_ZERO = struct.pack(">ii", 4, 0)
+_NULL = struct.pack(">i", -1)
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)  # timestamptz is microseconds since then
 _MICROSECOND = timedelta(microseconds=1)
 _CHUNK_BYTES = 256 * 1024  # the stream is cut here, so the server starts on it early
 
 
 def pg_copy_args(channel: str, messages: NewMessages) -> tuple[Any, ...]:
-    """COPY_RESERVE's parameters: count, at, delay, channel, queue."""
-    return (len(messages), messages.at, messages.delay, channel, messages.queue)
+    """COPY_RESERVE's parameters: count, at, delay, channel, queue, expiry (moment,
+    seconds)."""
+    return (len(messages), messages.at, messages.delay, channel, messages.queue,
+            messages.expires_at, messages.expires_in)
 
 
 def _field(value: bytes) -> bytes:
@@ -106,17 +112,17 @@ def _timestamp(value: datetime) -> bytes:
 
 async def pg_copy_data(
     messages: NewMessages, ids: list[int], created_at: datetime,
-    next_attempt_at: datetime,
+    next_attempt_at: datetime, expires_at: datetime | None = None,
 ) -> AsyncIterator[bytes]:
     """The rows in PostgreSQL's binary COPY format (columns :data:`PG_COPY_COLUMNS`), in
     chunks. Every column but id and payload is the same for a whole batch save the headers,
     which differ only between content types: that tail is encoded once per headers set, and
     a row costs one ``struct.pack`` and a join in Python. The batch shares one priority,
-    as it shares its queue and schedule."""
+    as it shares its queue, schedule and expiry."""
     if len(ids) != len(messages):
         raise ValueError(f"{len(ids)} ids for {len(messages)} messages")
     times = _timestamp(created_at) + _timestamp(next_attempt_at) + struct.pack(
-        ">ii", 4, messages.priority)
+        ">ii", 4, messages.priority) + (_NULL if expires_at is None else _timestamp(expires_at))
     queue = _field(messages.queue.encode("utf-8"))
     state = _field(State.PENDING.value.encode())
     tails: dict[int, bytes] = {}

@@ -121,11 +121,11 @@ class PgConnections(SqlEngine):
         await transaction.start()
         stage[0] = self._reserve
         row = await raw.fetchrow(self._reserve, *pg_copy_args(channel, messages))
-        created_at, next_attempt_at, ids = row[0], row[1], sorted(row[2])
+        created_at, next_attempt_at, ids, expires_at = row[0], row[1], sorted(row[2]), row[4]
         stage[0] = f"COPY {self.schema.message.name} FROM STDIN (FORMAT binary)"
         await raw.copy_to_table(
             self.schema.message.name, columns=PG_COPY_COLUMNS, format="binary",
-            source=pg_copy_data(messages, ids, created_at, next_attempt_at),
+            source=pg_copy_data(messages, ids, created_at, next_attempt_at, expires_at),
         )
         stage[0] = "COMMIT"
         await transaction.commit()
@@ -312,7 +312,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         def decode(r: Any) -> Delivery:
             return Delivery(r[0], r[1], headers(r[2]), r[3], r[4], r[5], utc(r[6]), utc(r[7]),
                             utc(r[8]), utc(r[9]), utc(r[10]), decode_history(r[11]),
-                            priority=r[12])
+                            priority=r[12], expires_at=utc(r[13]))
 
         out = decode_rows(rows, decode, _undecodable)
         out.sort(key=_schedule_order)

@@ -104,10 +104,12 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         headers = BatchHeaderTexts()
         queue, priority = messages.queue, messages.priority
         async with self.db.begin() as conn:
-            ((created_at, due),) = await _fetch(conn, self._insert_many_clock,
-                                                {"at": at, "delay": messages.delay})
+            ((created_at, due, expires_at),) = await _fetch(
+                conn, self._insert_many_clock,
+                {"at": at, "delay": messages.delay, **_expiry(messages)})
             rows = [{"queue": queue, "headers": headers(h), "payload": payload,
-                     "created_at": created_at, "next_attempt_at": due, "priority": priority}
+                     "created_at": created_at, "next_attempt_at": due, "priority": priority,
+                     "expires_at": expires_at}
                     for payload, h in zip(messages.payloads, messages.headers, strict=True)]
             with _driver_errors(conn, self._insert_many_sql):
                 await (await driver_connection(conn)).executemany(self._insert_many_sql, rows)
@@ -118,7 +120,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         """Publish one message (``at`` unset) in its own transaction, straight on aiosqlite."""
         params = {"queue": message.queue, "headers": json.dumps(message.headers),
                   "payload": message.payload, "delay": message.delay,
-                  "priority": message.priority}
+                  "priority": message.priority, **_expiry(message)}
         ((msg_id,),) = await self._alone(self._insert_one_sql, params)
         return int(msg_id)
 
@@ -139,11 +141,13 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
     async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
         """Publish one message already acquired, for a subscriber of this process."""
         params = {"queue": message.queue, "headers": json.dumps(message.headers),
-                  "payload": message.payload, "lease": lease, "priority": message.priority}
-        ((msg_id, created_at, lease_expires_at),) = await self._alone(
+                  "payload": message.payload, "lease": lease, "priority": message.priority,
+                  **_expiry(message)}
+        ((msg_id, created_at, lease_expires_at, expires_at),) = await self._alone(
             self._insert_leased_sql, params)
         return leased_delivery(message, int(msg_id), _stored_time(created_at),
-                               _stored_time(lease_expires_at))
+                               _stored_time(lease_expires_at),
+                               None if expires_at is None else _stored_time(expires_at))
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         # One queue reads the ready index in order; a list of queues (json_each) makes
@@ -177,6 +181,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
                 scheduled_at=utc(scheduled[r[0]]),
                 history=decode_history(r[11]),
                 priority=r[12],
+                expires_at=utc(r[13]),
             )
 
         out = decode_rows(rows, decode, _undecodable)
@@ -272,6 +277,13 @@ def _undecodable(r: Any, exc: BaseException) -> Delivery:
 
 #: How SQLite stores a time (naive UTC ISO text with microseconds, as SQLAlchemy writes it).
 _STORED_TIME = "%Y-%m-%d %H:%M:%S.%f"
+
+
+def _expiry(messages: NewMessage | NewMessages) -> dict[str, Any]:
+    """The parameters of the SQL file's ``_EXPIRES``."""
+    at = messages.expires_at
+    return {"expires_in": messages.expires_in,
+            "expires_at": None if at is None else at.astimezone(UTC).strftime(_STORED_TIME)}
 
 
 def _stored_time(value: str | datetime) -> datetime:

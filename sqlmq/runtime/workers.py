@@ -202,8 +202,12 @@ class Workers:
         return settlement
 
     def _unrun(self, d: Delivery, ending: Ending) -> Settlement:
-        """Settle a delivery that must not run (an undecodable row, too many deliveries)."""
-        if ending is Ending.UNDECODABLE_ROW:
+        """Settle a delivery that must not run (an undecodable row, an expired message, too
+        many deliveries)."""
+        if ending is Ending.EXPIRED:  # what its publisher asked for: not an error
+            log.info("message %d of queue %s expired at %s before it ran; archiving it "
+                     "EXPIRED", d.id, d.queue, d.expires_at)
+        elif ending is Ending.UNDECODABLE_ROW:
             log.error("message %d of queue %s (delivery %d), %s; archiving it FAILED", d.id,
                       d.queue, d.deliveries, storable(d.defect or "undecodable row"))
         else:

@@ -16,47 +16,53 @@ COMMIT = "COMMIT"
 
 # ---- publishing ------------------------------------------------------------------------------
 
-# Publish one message (%s queue, headers, payload, delay in microseconds, priority): the
-# INSERT commits by itself; LAST_ID, in the same packet, reads its id.
+# Publish one message (%s queue, headers, payload, delay in microseconds, priority, then
+# the expiry: a moment, else microseconds from now; both NULL: never): the INSERT commits by
+# itself; LAST_ID, in the same packet, reads its id.
 INSERT_ONE = """
 INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
-                 created_at, next_attempt_at, priority)
+                 created_at, next_attempt_at, priority, expires_at)
 VALUES (%s, %s, %s, 'PENDING', 0, 0, UTC_TIMESTAMP(6),
-        UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s)
+        UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s,
+        COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND))
 """
 LAST_ID = "SELECT LAST_INSERT_ID()"
 
 # Publish one message already acquired, for an idle subscriber of this process: the row an
 # acquire would leave, at one clock reading (INSERT_LEASED_CLOCK, then INSERT_LEASED with
-# %s queue, headers, payload, lease in microseconds, priority, then INSERT_LEASED_READ: id
-# and clock).
+# %s queue, headers, payload, lease in microseconds, priority and the expiry as in
+# INSERT_ONE, then INSERT_LEASED_READ: id and clock).
 INSERT_LEASED_CLOCK = "SET @sqlmq_now = UTC_TIMESTAMP(6)"
 INSERT_LEASED = """
 INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
                  created_at, first_attempt_at, acquired_at, next_attempt_at, lease_expires_at,
-                 priority)
+                 priority, expires_at)
 VALUES (%s, %s, %s, 'PROCESSING', 0, 1, @sqlmq_now, @sqlmq_now, @sqlmq_now, NULL,
-        @sqlmq_now + INTERVAL %s MICROSECOND, %s)
+        @sqlmq_now + INTERVAL %s MICROSECOND, %s,
+        COALESCE(%s, @sqlmq_now + INTERVAL %s MICROSECOND))
 """
 INSERT_LEASED_READ = "SELECT LAST_INSERT_ID(), CAST(@sqlmq_now AS DATETIME(6))"
 
 # Publish a batch on sqlmq's own connection, MariaDB (RETURNING): the values the rows share
-# once, in session variables (INSERT_MANY_SHARED: %s queue, priority, then the schedule as
+# once, in session variables (INSERT_MANY_SHARED: %s queue, priority, the expiry as in
+# INSERT_ONE; then the schedule as
 # INSERT_MANY_DELAY's microseconds or INSERT_MANY_AT's moment), then multi-row INSERTs whose
 # rows carry only their headers and payload (INSERT_MANY_ROW, joined by ROWS_SEPARATOR into
 # {rows}), each returning its ids. Straight to the driver: SQLAlchemy's per-row parameter
 # processing was two fifths of a batch's time.
-INSERT_MANY_SHARED = "SET @sqlmq_queue = %s, @sqlmq_priority = %s, @sqlmq_now = UTC_TIMESTAMP(6)"
+INSERT_MANY_SHARED = """
+SET @sqlmq_queue = %s, @sqlmq_priority = %s, @sqlmq_now = UTC_TIMESTAMP(6),
+    @sqlmq_expires = COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)"""
 INSERT_MANY_DELAY = "SET @sqlmq_when = @sqlmq_now + INTERVAL %s MICROSECOND"
 INSERT_MANY_AT = "SET @sqlmq_when = CAST(%s AS DATETIME(6))"
 INSERT_MANY = """
 INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
-                 created_at, next_attempt_at, priority)
+                 created_at, next_attempt_at, priority, expires_at)
 VALUES {rows}
 RETURNING id
 """
 INSERT_MANY_ROW = ("(@sqlmq_queue, %s, %s, 'PENDING', 0, 0, @sqlmq_now, @sqlmq_when, "
-                   "@sqlmq_priority)")
+                   "@sqlmq_priority, @sqlmq_expires)")
 ROWS_SEPARATOR = ",\n"
 
 # ---- consuming: acquire, one packet, one transaction ----------------------------------------
@@ -96,11 +102,11 @@ SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
 ) AS r
 """
 
-# 3. Return the locked rows as they are now, the clock, and their priority.
+# 3. Return the locked rows as they are now, the clock, their priority and expiry.
 ACQUIRE_READ = """
 SELECT m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
        m.created_at, m.first_attempt_at, m.next_attempt_at, m.history,
-       CAST(@sqlmq_now AS DATETIME(6)), m.priority
+       CAST(@sqlmq_now AS DATETIME(6)), m.priority, m.expires_at
 FROM JSON_TABLE(@sqlmq_take, '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
 STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
 """
@@ -148,7 +154,7 @@ WHERE m.state = 'PROCESSING'
 FOR UPDATE
 """
 
-# Copy the batch's COMPLETED and FAILED rows to the archive.
+# Copy the batch's COMPLETED, FAILED and EXPIRED rows to the archive.
 SETTLE_ARCHIVE = """
 INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
                  created_at, first_attempt_at, last_attempt_at, archived_at, error, history,
@@ -163,7 +169,7 @@ FROM JSON_TABLE(@sqlmq_settle, '$[*]' COLUMNS (
     attempt INT PATH '$[6]', history LONGTEXT PATH '$[7]'
 )) AS i STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY)
     ON m.id = i.id AND m.deliveries_count = i.deliveries
-WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
+WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED')
 """
 
 # Delete the rows just archived.
@@ -174,7 +180,7 @@ DELETE m FROM JSON_TABLE(@sqlmq_settle, '$[*]' COLUMNS (
     attempt INT PATH '$[6]', history LONGTEXT PATH '$[7]'
 )) AS i STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY)
     ON m.id = i.id AND m.deliveries_count = i.deliveries
-WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
+WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED')
 """
 
 # Put the batch's RETRY rows back as RETRYABLE after their delay, its RELEASE rows as

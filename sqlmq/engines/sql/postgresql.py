@@ -15,13 +15,16 @@ per element.
 # JSONB once) with each row's 1-based index into them ($3): parsing the JSON again for every
 # row was a large part of the server's time. Returns one row: every new id, sorted.
 # $1 queue, $2 header sets, $3 keys, $4 payloads (bytea array literal), $5 channel, $6 delay,
-# $7 priority.
+# $7 priority, $8 the moment it expires, else $9 seconds from now until it does (both NULL:
+# never).
 INSERT = """
 WITH inserted AS (
     INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
-                     created_at, next_attempt_at, priority)
+                     created_at, next_attempt_at, priority, expires_at)
     SELECT $1, (h.hs)[u.k], u.p, 'PENDING', 0, 0, now(),
-           (now() + CAST($6 AS DOUBLE PRECISION) * INTERVAL '1 second'), CAST($7 AS INTEGER)
+           (now() + CAST($6 AS DOUBLE PRECISION) * INTERVAL '1 second'), CAST($7 AS INTEGER),
+           COALESCE(CAST($8 AS TIMESTAMPTZ),
+                    now() + CAST($9 AS DOUBLE PRECISION) * INTERVAL '1 second')
     FROM CAST(CAST(CAST($2 AS TEXT) AS TEXT[]) AS JSONB[]) AS h(hs),
         unnest(CAST(CAST($3 AS TEXT) AS INTEGER[]), CAST(CAST($4 AS TEXT) AS BYTEA[]))
         WITH ORDINALITY AS u(k, p, n)
@@ -35,9 +38,11 @@ SELECT array_agg(inserted.id ORDER BY inserted.id) FROM inserted, woken
 INSERT_AT = """
 WITH inserted AS (
     INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
-                     created_at, next_attempt_at, priority)
+                     created_at, next_attempt_at, priority, expires_at)
     SELECT $1, (h.hs)[u.k], u.p, 'PENDING', 0, 0, now(), CAST($6 AS TIMESTAMPTZ),
-           CAST($7 AS INTEGER)
+           CAST($7 AS INTEGER),
+           COALESCE(CAST($8 AS TIMESTAMPTZ),
+                    now() + CAST($9 AS DOUBLE PRECISION) * INTERVAL '1 second')
     FROM CAST(CAST(CAST($2 AS TEXT) AS TEXT[]) AS JSONB[]) AS h(hs),
         unnest(CAST(CAST($3 AS TEXT) AS INTEGER[]), CAST(CAST($4 AS TEXT) AS BYTEA[]))
         WITH ORDINALITY AS u(k, p, n)
@@ -52,13 +57,16 @@ COPY_SEQUENCE = "SELECT pg_get_serial_sequence($1, 'id')"
 
 # Run before a large batch's binary COPY, in its transaction: reserve $1 ids from the id
 # sequence (spliced in as a literal, {sequence}, so it resolves once, at parse time), read
-# the clock the rows take (created_at, and the schedule: at $2, or now + $3 seconds), and
-# queue the NOTIFY ($4 channel, $5 queue), which fires at COMMIT, once the rows are visible.
+# the clock the rows take (created_at, the schedule: at $2, or now + $3 seconds, and the
+# expiry: at $6, or now + $7 seconds, or NULL), and queue the NOTIFY ($4 channel, $5 queue),
+# which fires at COMMIT, once the rows are visible.
 COPY_RESERVE = """
 SELECT now(), COALESCE(CAST($2 AS TIMESTAMPTZ),
                        now() + CAST($3 AS DOUBLE PRECISION) * INTERVAL '1 second'),
        ARRAY(SELECT nextval({sequence}) FROM generate_series(1, CAST($1 AS INTEGER))),
-       pg_notify($4, $5)
+       pg_notify($4, $5),
+       COALESCE(CAST($6 AS TIMESTAMPTZ),
+                now() + CAST($7 AS DOUBLE PRECISION) * INTERVAL '1 second')
 """
 
 # ---- consuming -------------------------------------------------------------------------------
@@ -80,7 +88,8 @@ WHERE m.id = ready.id AND m.id = ANY(ARRAY(SELECT id FROM ready))
 RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
     m.deliveries_count, date_part('epoch', m.created_at), date_part('epoch', m.first_attempt_at),
     date_part('epoch', m.acquired_at), date_part('epoch', m.lease_expires_at),
-    date_part('epoch', ready.next_attempt_at), CAST(m.history AS TEXT), m.priority
+    date_part('epoch', ready.next_attempt_at), CAST(m.history AS TEXT), m.priority,
+    date_part('epoch', m.expires_at)
 """
 
 # Acquire up to $2 ready messages of queue $1, highest priority first, then in ready order,
@@ -233,7 +242,7 @@ locked AS MATERIALIZED (
 done AS (
     DELETE FROM {m} AS m USING i
     WHERE m.id = i.id AND m.deliveries_count = i.deliveries AND m.state = 'PROCESSING'
-      AND i.outcome IN ('COMPLETED', 'FAILED') AND (SELECT count(*) FROM locked) >= 0
+      AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED') AND (SELECT count(*) FROM locked) >= 0
     RETURNING m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
         m.created_at, m.first_attempt_at, m.last_attempt_at, m.history AS old_history,
         m.priority, i.outcome, i.error, i.attempt, i.history AS new_history

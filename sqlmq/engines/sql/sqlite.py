@@ -11,48 +11,56 @@ single write lock from its first statement, so no statement here needs a row loc
 
 # ---- publishing ------------------------------------------------------------------------------
 
-# Publish one message, due after :delay seconds, at :priority; commits by itself. The
-# commonest publish, and in one process the first half of publish-to-handler latency.
+# A publish's expiry: :expires_in seconds from now, else the moment :expires_at (NULL: never).
+_EXPIRES = """CASE WHEN :expires_in IS NULL THEN :expires_at
+     ELSE (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:expires_in))||'000') END"""
+
+# Publish one message, due after :delay seconds, at :priority, expiring as _EXPIRES says;
+# commits by itself. The commonest publish, and in one process the first half of
+# publish-to-handler latency.
 INSERT_ONE = """
 INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
-                 created_at, next_attempt_at, priority)
+                 created_at, next_attempt_at, priority, expires_at)
 VALUES (:queue, :headers, :payload, 'PENDING', 0, 0,
         (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
         (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:delay))||'000'),
-        :priority)
+        :priority, """ + _EXPIRES + """)
 RETURNING id
 """
 
 # Publish a batch on sqlmq's own connection, in one transaction: INSERT_MANY_CLOCK reads the
-# clock once (created_at, and the schedule: :at, or now + :delay seconds), then INSERT_MANY
+# clock once (created_at, the schedule: :at, or now + :delay seconds, and the expiry, as
+# _EXPIRES), then INSERT_MANY
 # runs once per message (the driver's executemany, in its thread, binding in C), then
 # LAST_ID: under the write lock and AUTOINCREMENT the batch's ids are consecutive, ending
 # there.
 INSERT_MANY_CLOCK = """
 SELECT (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
-       COALESCE(:at, (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:delay))||'000'))
+       COALESCE(:at, (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:delay))||'000')),
+       """ + _EXPIRES + """
 """
 INSERT_MANY = """
 INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
-                 created_at, next_attempt_at, priority)
-VALUES (:queue, :headers, :payload, 'PENDING', 0, 0, :created_at, :next_attempt_at, :priority)
+                 created_at, next_attempt_at, priority, expires_at)
+VALUES (:queue, :headers, :payload, 'PENDING', 0, 0, :created_at, :next_attempt_at, :priority,
+        :expires_at)
 """
 LAST_ID = "SELECT last_insert_rowid()"
 
 # Publish one message already acquired, for an idle subscriber of this process: the row an
-# acquire would leave, leased for :lease seconds, at :priority. RETURNING may name only the
-# inserted table's columns.
+# acquire would leave, leased for :lease seconds, at :priority, expiring as _EXPIRES says.
+# RETURNING may name only the inserted table's columns.
 INSERT_LEASED = """
 INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
                  created_at, first_attempt_at, acquired_at, next_attempt_at, lease_expires_at,
-                 priority)
+                 priority, expires_at)
 VALUES (:queue, :headers, :payload, 'PROCESSING', 0, 1,
         (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
         (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
         (strftime('%Y-%m-%d %H:%M:%f','now')||'000'), NULL,
         (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:lease))||'000'),
-        :priority)
-RETURNING id, created_at, lease_expires_at
+        :priority, """ + _EXPIRES + """)
+RETURNING id, created_at, lease_expires_at, expires_at
 """
 
 # ---- consuming -------------------------------------------------------------------------------
@@ -125,14 +133,15 @@ UPDATE {m} SET
     lease_expires_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:lease))||'000')
 WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created_at,
-    first_attempt_at, acquired_at, lease_expires_at, NULL AS scheduled_at, history, priority
+    first_attempt_at, acquired_at, lease_expires_at, NULL AS scheduled_at, history, priority,
+    expires_at
 """
 
 # Settle, in one transaction. The batch :input is one JSON array of [id, deliveries,
 # outcome, error, delay, refund, attempted, history] per settlement (see
 # SqlEngine.settlement_json). Every statement is fenced on (id, deliveries, PROCESSING).
 
-# Copy the batch's COMPLETED and FAILED rows to the archive.
+# Copy the batch's COMPLETED, FAILED and EXPIRED rows to the archive.
 SETTLE_ARCHIVE = """
 WITH i AS (
     SELECT value->>0 AS id, value->>1 AS deliveries, value->>2 AS outcome, value->>3 AS error,
@@ -149,7 +158,7 @@ SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.atte
        (strftime('%Y-%m-%d %H:%M:%f','now')||'000'), i.error, COALESCE(i.history, m.history),
        m.priority
 FROM i JOIN {m} AS m ON m.id = i.id AND m.deliveries_count = i.deliveries
-WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
+WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED')
 """
 
 # Delete the rows just archived (BEGIN IMMEDIATE holds every other writer off, so these are
@@ -162,7 +171,7 @@ WITH i AS (
 )
 DELETE FROM {m} WHERE id IN (
     SELECT m.id FROM i JOIN {m} AS m ON m.id = i.id AND m.deliveries_count = i.deliveries
-    WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED')
+    WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED')
 )
 RETURNING id
 """
