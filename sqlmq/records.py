@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
 # The lifecycle owns the settlement and the history; they are re-exported here, where the
@@ -91,6 +91,15 @@ class NewMessages(Sequence[NewMessage]):
 
 def _shared(m: NewMessage) -> tuple[Any, ...]:
     return (m.queue, m.delay, m.at, m.priority, m.expires_in, m.expires_at)
+
+
+def expiry_from(m: NewMessage | NewMessages, now: datetime) -> datetime | None:
+    """When ``m`` expires if published at database time ``now``, as the engines' SQL works
+    it out: ``now`` plus ``expires_in`` to the microsecond, else ``expires_at``; None: never.
+    For an engine that knows ``now`` without reading the row back."""
+    if m.expires_in is not None:
+        return now + timedelta(microseconds=round(m.expires_in * 1_000_000))
+    return None if m.expires_at is None else m.expires_at.astimezone(UTC)
 
 
 @dataclass(slots=True)

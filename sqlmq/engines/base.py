@@ -37,7 +37,7 @@ from .sql import names_for
 
 #: The outcomes that end a message (its row moves to the archive), and those that put it back.
 ARCHIVING = frozenset(o for o in Outcome if o.archives)
-RETURNING = frozenset((Outcome.RETRY, Outcome.RELEASE))
+RETURNING = frozenset(o for o in Outcome if not o.archives)
 
 class KeptConnections:
     """Idle autocommit connections the hot path keeps checked out of the pool and reuses.

@@ -30,7 +30,15 @@ from sqlalchemy.orm import Session
 from ..commit_hooks import on_commit
 from ..errors import PublishError
 from ..lifecycle import Outcome, State
-from ..records import HISTORY_LIMIT, Delivery, NewMessage, NewMessages, QueueStats, Settlement
+from ..records import (
+    HISTORY_LIMIT,
+    Delivery,
+    NewMessage,
+    NewMessages,
+    QueueStats,
+    Settlement,
+    expiry_from,
+)
 from ..schema import SCHEMA_VERSION, Schema
 
 Clock = Callable[[], datetime]
@@ -109,10 +117,7 @@ class MemoryStore:
         """Rows for ``messages`` with their ids taken (in order), not yet visible."""
         at = messages.at
         ready = now + timedelta(seconds=messages.delay) if at is None else at.astimezone(UTC)
-        expires_at = (now + timedelta(seconds=messages.expires_in)
-                      if messages.expires_in is not None
-                      else None if messages.expires_at is None
-                      else messages.expires_at.astimezone(UTC))
+        expires_at = expiry_from(messages, now)
         out = []
         for payload, headers in zip(messages.payloads, messages.headers, strict=True):
             self.last_id += 1

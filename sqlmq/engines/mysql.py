@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..errors import SchemaError
-from ..records import Delivery, NewMessage, NewMessages, Settlement
+from ..records import Delivery, NewMessage, NewMessages, Settlement, expiry_from
 from ..schema import MAX_PRIORITY
 from .base import (
     ARCHIVING,
@@ -189,7 +189,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         a statement at a time (the server's max_allowed_packet)."""
         at = messages.at
         when = ((sql.INSERT_MANY_DELAY, [round(messages.delay * 1_000_000)]) if at is None
-                else (sql.INSERT_MANY_AT, [at.astimezone(UTC).replace(tzinfo=None)]))
+                else (sql.INSERT_MANY_AT, [_stored(at)]))
         statements: list[tuple[str, Sequence[Any]]] = [
             (sql.BEGIN, ()),
             (sql.INSERT_MANY_SHARED, [messages.queue, messages.priority, *_expiry(messages)]),
@@ -237,11 +237,8 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             (sql.INSERT_LEASED_READ, ()),
         ], keep=[2])
         now = _utc(row[1])
-        expires_at, expires_us = _expiry(message)
-        return leased_delivery(
-            message, int(row[0]), now, now + timedelta(microseconds=us),
-            now + timedelta(microseconds=expires_us) if expires_us is not None
-            else None if expires_at is None else expires_at.replace(tzinfo=UTC))
+        return leased_delivery(message, int(row[0]), now, now + timedelta(microseconds=us),
+                               expiry_from(message, now))
 
     # ---- consuming -----------------------------------------------------------------------
 
@@ -389,8 +386,13 @@ def _expiry(messages: NewMessage | NewMessages) -> tuple[datetime | None, int | 
     """The expiry parameters of INSERT_ONE and the others: the moment (naive UTC, as stored),
     or microseconds from the database's now."""
     at, seconds = messages.expires_at, messages.expires_in
-    return (None if at is None else at.astimezone(UTC).replace(tzinfo=None),
+    return (None if at is None else _stored(at),
             None if seconds is None else round(seconds * 1_000_000))
+
+
+def _stored(moment: datetime) -> datetime:
+    """A moment as a DATETIME(6) parameter: naive UTC."""
+    return moment.astimezone(UTC).replace(tzinfo=None)
 
 
 async def _run(

@@ -100,7 +100,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         aiosqlite: the clock read once, the driver's executemany, the last id (see
         INSERT_MANY). SQLAlchemy's per-row parameter processing was most of a batch's
         client time."""
-        at = None if messages.at is None else messages.at.astimezone(UTC).strftime(_STORED_TIME)
+        at = _stored_text(messages.at)
         headers = BatchHeaderTexts()
         queue, priority = messages.queue, messages.priority
         async with self.db.begin() as conn:
@@ -281,9 +281,12 @@ _STORED_TIME = "%Y-%m-%d %H:%M:%S.%f"
 
 def _expiry(messages: NewMessage | NewMessages) -> dict[str, Any]:
     """The parameters of the SQL file's ``_EXPIRES``."""
-    at = messages.expires_at
-    return {"expires_in": messages.expires_in,
-            "expires_at": None if at is None else at.astimezone(UTC).strftime(_STORED_TIME)}
+    return {"expires_in": messages.expires_in, "expires_at": _stored_text(messages.expires_at)}
+
+
+def _stored_text(moment: datetime | None) -> str | None:
+    """A moment as the text the SQL file's times are kept in (naive UTC, microseconds)."""
+    return None if moment is None else moment.astimezone(UTC).strftime(_STORED_TIME)
 
 
 def _stored_time(value: str | datetime) -> datetime:
