@@ -11,6 +11,8 @@ Roles (one JSON line on stdout each):
   work N BATCH           run one QueueManager until N jobs are done (drain mode)
   consume N BATCH SECS   run one QueueManager until N jobs came, record publish->handler-start
   publish RATE SECONDS   enqueue one job per transaction at a steady rate
+  enqueue N WAY          enqueue N jobs one at a time, WAY: plain, keyed (new dedupe keys)
+                         or duplicate (keys already queued, skipped)
 """
 
 from __future__ import annotations
@@ -115,6 +117,24 @@ async def publish(rate: float, seconds: float) -> None:
     emit(rate=achieved)
 
 
+async def enqueue(n: int, way: str) -> None:
+    conn = await asyncpg.connect(DSN)
+    q = Queries.from_asyncpg_connection(conn)
+    keys = [f"key-{i}" for i in range(n)]
+    if way == "duplicate":
+        await q.enqueue([ENTRYPOINT] * n, [PAYLOAD] * n, [0] * n, dedupe_key=list(keys))
+    await q.enqueue(ENTRYPOINT, PAYLOAD)  # connected and prepared outside the clock
+    start = time.perf_counter()
+    for key in keys:
+        if way == "plain":
+            await q.enqueue(ENTRYPOINT, PAYLOAD)
+        else:
+            await q.enqueue(ENTRYPOINT, PAYLOAD, dedupe_key=key, on_conflict="skip")
+    elapsed = time.perf_counter() - start
+    await conn.close()
+    emit(rate=n / elapsed)
+
+
 def main(argv: list[str]) -> None:
     role, args = argv[0], argv[1:]
     if role == "install":
@@ -129,6 +149,8 @@ def main(argv: list[str]) -> None:
         coro = consume(int(args[0]), int(args[1]), float(args[2]))
     elif role == "publish":
         coro = publish(float(args[0]), float(args[1]))
+    elif role == "enqueue":
+        coro = enqueue(int(args[0]), args[1])
     else:
         raise SystemExit(f"unknown role {role!r}")
     asyncio.run(coro)

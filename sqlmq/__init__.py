@@ -19,7 +19,7 @@ from .errors import (
 )
 from .lifecycle import AckPolicy, Outcome, State
 from .message import Message
-from .records import Delivery, QueueStats, Settlement
+from .records import Delivery, Published, QueueStats, Settlement
 from .retry import Retry, RetryStrategy
 from .schema import (
     SCHEMA_VERSION,
@@ -47,6 +47,7 @@ __all__ = [
     "PayloadTooLarge",
     "PublishError",
     "PublishOutcomeUnknown",
+    "Published",
     "QueueStats",
     "Retry",
     "RetryStrategy",

@@ -1,28 +1,25 @@
-"""The broker: configuration, publishing (async and sync, on its own connections or in the
-caller's transaction, always through the engine), the registry of subscribers, and
-start/stop. Which database it runs on is the engine's business (:mod:`sqlmq.engines`)."""
+"""The broker: configuration, publishing (:mod:`sqlmq.publisher`: async and sync, on its
+own connections or in the caller's transaction, always through the engine), the registry of
+subscribers, and start/stop. Which database it runs on is the engine's business
+(:mod:`sqlmq.engines`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from sqlalchemy import URL
-from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine as SyncEngine
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .connect import safe_url
 from .engines import engine_for
 from .engines.contract import Engine, WakeSource
 from .errors import ConfigurationError
-from .handover import hand_over, idle_runtime
 from .lifecycle import AckPolicy
 from .maintenance import LeaseRecovery
-from .publishing import check_executor, prepare
+from .publisher import Publisher
 from .records import QueueStats
 from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
@@ -33,7 +30,7 @@ from .wakeups import Wakeups
 DEFAULT_MAX_PAYLOAD = 10 * 1024 * 1024
 
 
-class Broker:
+class Broker(Publisher):
     """A message broker on a database you already run.
 
     ``target`` is a URL (``postgresql://…``, ``mysql://…``/``mariadb://…``,
@@ -95,74 +92,6 @@ class Broker:
 
     async def check_schema(self) -> None:
         await self._engine.check_schema(self.url)
-
-    # ---- publishing ----------------------------------------------------------------------
-
-    async def publish(
-        self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
-        delay: float | timedelta | None = None, at: datetime | None = None,
-        priority: int = 0, expires: float | timedelta | datetime | None = None,
-        connection: AsyncConnection | AsyncSession | None = None,
-    ) -> int:
-        """Publish one message; returns its id. With ``connection`` it commits or rolls
-        back with the caller's transaction. A higher ``priority`` (-32768..32767) goes first.
-        A message not started by ``expires`` (seconds or a timedelta from the database's
-        now, or a moment) is archived EXPIRED instead of running."""
-        (msg_id,) = await self.publish_batch(queue, [body], headers=headers, delay=delay, at=at,
-                                             priority=priority, expires=expires,
-                                             connection=connection)
-        return msg_id
-
-    async def publish_batch(
-        self, queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
-        delay: float | timedelta | None = None, at: datetime | None = None,
-        priority: int = 0, expires: float | timedelta | datetime | None = None,
-        connection: AsyncConnection | AsyncSession | None = None,
-    ) -> list[int]:
-        """Publish many messages (one priority and expiry) to one queue at once; ids in
-        order."""
-        messages = prepare(queue, bodies, headers=headers, delay=delay, at=at,
-                           max_payload_bytes=self.max_payload_bytes, priority=priority,
-                           expires=expires)
-        if not messages:
-            return []
-        check_executor(connection, asynchronous=True)
-        if connection is None and self._engine.hands_over and len(messages) == 1 \
-                and messages.at is None:
-            direct = idle_runtime(self._runtimes, self._wakeups, messages[0])
-            if direct is not None:
-                return [await hand_over(self._engine, self._wakeups, direct, messages[0])]
-        ids = await self._engine.publish(messages, connection)
-        self._wakeups.wake_when_visible(queue, connection)
-        return ids
-
-    def publish_sync(
-        self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
-        delay: float | timedelta | None = None, at: datetime | None = None,
-        priority: int = 0, expires: float | timedelta | datetime | None = None,
-        connection: Connection | Session | None = None,
-    ) -> int:
-        """The synchronous twin of :meth:`publish`, for code without an event loop."""
-        (msg_id,) = self.publish_batch_sync(queue, [body], headers=headers, delay=delay, at=at,
-                                            priority=priority, expires=expires,
-                                            connection=connection)
-        return msg_id
-
-    def publish_batch_sync(
-        self, queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
-        delay: float | timedelta | None = None, at: datetime | None = None,
-        priority: int = 0, expires: float | timedelta | datetime | None = None,
-        connection: Connection | Session | None = None,
-    ) -> list[int]:
-        messages = prepare(queue, bodies, headers=headers, delay=delay, at=at,
-                           max_payload_bytes=self.max_payload_bytes, priority=priority,
-                           expires=expires)
-        if not messages:
-            return []
-        check_executor(connection, asynchronous=False)
-        ids = self._engine.publish_sync(messages, connection)
-        self._wakeups.wake_when_visible(queue, connection)
-        return ids
 
     # ---- subscribers ---------------------------------------------------------------------
 

@@ -19,8 +19,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-# target -> callbacks to run at its next commit, by key (one per broker and queue)
-_pending: weakref.WeakKeyDictionary[Any, dict[Hashable, Callable[[], None]]] = (
+# target -> (callback at its next commit, callback if it rolls back instead), by key (one
+# per broker and queue)
+_Callbacks = tuple[Callable[[], None], Callable[[], None] | None]
+_pending: weakref.WeakKeyDictionary[Any, dict[Hashable, _Callbacks]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -28,11 +30,13 @@ _pending: weakref.WeakKeyDictionary[Any, dict[Hashable, Callable[[], None]]] = (
 def on_commit(
     connection: Connection | Session | AsyncConnection | AsyncSession,
     key: Hashable, callback: Callable[[], None],
+    on_rollback: Callable[[], None] | None = None,
 ) -> None:
     """Run ``callback`` once when ``connection``'s outermost transaction commits, and forget
-    it when that transaction rolls back or ends otherwise; a second call with the same
-    ``key`` before then is a no-op. A Connection announces its commit just before the
-    driver's COMMIT (there is no later event), a Session just after."""
+    it (running ``on_rollback``, if given) when that transaction rolls back or ends
+    otherwise; a second call with the same ``key`` before then is a no-op. A Connection
+    announces its commit just before the driver's COMMIT (there is no later event), a
+    Session just after."""
     if isinstance(connection, AsyncSession):
         target: Any = connection.sync_session
     elif isinstance(connection, AsyncConnection):
@@ -48,7 +52,7 @@ def on_commit(
         else:
             event.listen(target, "commit", _fire)
             event.listen(target, "rollback", _drop)
-    callbacks.setdefault(key, callback)
+    callbacks.setdefault(key, (callback, on_rollback))
 
 
 def _fire(target: Any) -> None:
@@ -57,14 +61,18 @@ def _fire(target: Any) -> None:
         return
     todo = list(callbacks.values())
     callbacks.clear()
-    for callback in todo:
+    for callback, _ in todo:
         callback()
 
 
 def _drop(target: Any) -> None:
     callbacks = _pending.get(target)
     if callbacks:
+        todo = list(callbacks.values())
         callbacks.clear()
+        for _, on_rollback in todo:
+            if on_rollback is not None:
+                on_rollback()
 
 
 def _session_committed(session: Session) -> None:

@@ -68,8 +68,8 @@ def _v4(conn: Connection, schema: Schema) -> None:
     replacement now exists. Looks before it acts, as version 3."""
     m = schema.message.name
     have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
-    for index in schema.message.indexes:
-        if index.name not in have:
+    for index in schema.message.indexes:  # the ready indexes, not those of later versions
+        if index.name.startswith(f"ix_{m}_ready") and index.name not in have:
             index.create(conn)  # a no-op where its ddl_if excludes this database
     have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
     obsolete = {f"ix_{m}_due"}
@@ -89,6 +89,19 @@ def _v5(conn: Connection, schema: Schema) -> None:
         conn.execute(AddColumn(schema.message.c.expires_at))
 
 
+def _v6(conn: Connection, schema: Schema) -> None:
+    """Deduplication keys: a ``dedup_key`` column (NULL: none) on the message table and its
+    unique index per queue (partial on PostgreSQL and SQLite: only rows with a key). Looks
+    before it acts, as version 3."""
+    m = schema.message
+    if "dedup_key" not in {c["name"] for c in inspect(conn).get_columns(m.name)}:
+        conn.execute(AddColumn(m.c.dedup_key))
+    have = {ix["name"] for ix in inspect(conn).get_indexes(m.name)}
+    for index in m.indexes:
+        if index.name == f"ux_{m.name}_dedup" and index.name not in have:
+            index.create(conn)
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -104,7 +117,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
-    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
+    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

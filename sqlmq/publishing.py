@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,7 +16,7 @@ from .codec import BYTES_TYPE, CONTENT_TYPE, TEXT_TYPE, encode
 from .errors import PayloadTooLarge, PublishError
 from .records import NewMessages
 from .retry import MAX_DELAY
-from .schema import MAX_PRIORITY, MIN_PRIORITY
+from .schema import MAX_DEDUP_KEY, MAX_PRIORITY, MIN_PRIORITY
 from .subscriber import check_queue
 
 
@@ -66,6 +66,38 @@ def _priority(priority: int) -> int:
         raise PublishError(
             f"priority must be from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority}")
     return int(priority)  # an int subclass (an IntEnum) goes to the driver as a plain int
+
+
+def _dedup_key(key: str | None) -> str | None:
+    """None, or a key the database stores and compares exactly as given."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise PublishError(f"a dedup key must be a string, got {type(key).__name__}")
+    if not 0 < len(key) <= MAX_DEDUP_KEY:
+        raise PublishError(f"a dedup key must have 1 to {MAX_DEDUP_KEY} characters, got "
+                           f"{len(key)}")
+    if "\x00" in key:
+        raise PublishError(f"dedup key {key!r} contains a NUL character")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PublishError(f"dedup key {key!r} is not valid Unicode text (it has a lone "
+                           f"surrogate)") from None
+    return key
+
+
+def _dedup_keys(keys: Sequence[str | None] | None, count: int) -> list[str | None] | None:
+    """One key (or None) per message, or None when no message has one."""
+    if keys is None:
+        return None
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise PublishError(f"dedup_keys must be a sequence with a key (or None) per message, "
+                           f"got {type(keys).__name__}")
+    if len(keys) != count:
+        raise PublishError(f"dedup_keys has {len(keys)} keys for {count} messages")
+    out = [_dedup_key(k) for k in keys]
+    return out if any(k is not None for k in out) else None
 
 
 def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -118,8 +150,10 @@ def prepare(
     queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None,
     delay: float | timedelta | None, at: datetime | None, max_payload_bytes: int,
     priority: int = 0, expires: float | timedelta | datetime | None = None,
+    dedup_keys: Sequence[str | None] | None = None,
 ) -> NewMessages:
-    """Validate and encode everything before anything is written."""
+    """Validate and encode everything before anything is written. ``dedup_keys``: one per
+    body (see :mod:`sqlmq.engines.keyed`)."""
     try:
         check_queue(queue)
     except Exception as exc:
@@ -158,4 +192,5 @@ def prepare(
             h.setdefault(CONTENT_TYPE, content_type)
         payloads.append(payload)
         shared.append(h)
-    return NewMessages(queue, payloads, shared, seconds, at, priority, expires_in, expires_at)
+    return NewMessages(queue, payloads, shared, seconds, at, priority, expires_in, expires_at,
+                       _dedup_keys(dedup_keys, len(payloads)))

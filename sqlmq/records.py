@@ -11,8 +11,8 @@ from typing import Any, overload
 # engines and the contract read the records that cross it.
 from .lifecycle import HISTORY_LIMIT, Settlement, append_history, history_entry
 
-__all__ = ["HISTORY_LIMIT", "Delivery", "NewMessage", "NewMessages", "QueueStats",
-           "Settlement", "append_history", "history_entry"]
+__all__ = ["HISTORY_LIMIT", "Delivery", "NewMessage", "NewMessages", "Published",
+           "QueueStats", "Settlement", "append_history", "history_entry"]
 
 
 @dataclass(slots=True)  # not frozen: frozen dataclasses are built 4x slower
@@ -28,6 +28,7 @@ class NewMessage:
     priority: int = 0  # higher is taken first among ready messages
     expires_in: float | None = None  # seconds from database now; ignored when ``expires_at``
     expires_at: datetime | None = None  # is set. Neither: it never expires
+    dedup_key: str | None = None  # unique in its queue among waiting and running messages
 
 
 @dataclass(slots=True)
@@ -47,10 +48,16 @@ class NewMessages(Sequence[NewMessage]):
     priority: int = 0
     expires_in: float | None = None  # as NewMessage's
     expires_at: datetime | None = None
+    #: One deduplication key (or None) per payload; None: no message has one. A batch with
+    #: keys takes each engine's keyed path (see :mod:`sqlmq.engines.keyed`).
+    dedup_keys: list[str | None] | None = None
 
     def __post_init__(self) -> None:
         if len(self.payloads) != len(self.headers):
             raise ValueError(f"{len(self.payloads)} payloads and {len(self.headers)} headers")
+        if self.dedup_keys is not None and len(self.dedup_keys) != len(self.payloads):
+            raise ValueError(f"{len(self.payloads)} payloads and {len(self.dedup_keys)} "
+                             f"deduplication keys")
 
     @classmethod
     def of(cls, messages: Iterable[NewMessage]) -> NewMessages:
@@ -65,8 +72,10 @@ class NewMessages(Sequence[NewMessage]):
             if _shared(m) != shared:
                 raise ValueError(f"one publish shares its queue, schedule, priority and "
                                  f"expiry: {m!r} differs from {first!r}")
+        keys = [m.dedup_key for m in items]
         return cls(first.queue, [m.payload for m in items], [m.headers for m in items],
-                   first.delay, first.at, first.priority, first.expires_in, first.expires_at)
+                   first.delay, first.at, first.priority, first.expires_in, first.expires_at,
+                   keys if any(k is not None for k in keys) else None)
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -76,21 +85,43 @@ class NewMessages(Sequence[NewMessage]):
     @overload
     def __getitem__(self, index: slice) -> NewMessages: ...
     def __getitem__(self, index: int | slice) -> NewMessage | NewMessages:
+        keys = self.dedup_keys
         if isinstance(index, slice):
             return NewMessages(self.queue, self.payloads[index], self.headers[index],
                                self.delay, self.at, self.priority, self.expires_in,
-                               self.expires_at)
+                               self.expires_at, None if keys is None else keys[index])
         return NewMessage(self.queue, self.payloads[index], self.headers[index], self.delay,
-                          self.at, self.priority, self.expires_in, self.expires_at)
+                          self.at, self.priority, self.expires_in, self.expires_at,
+                          None if keys is None else keys[index])
 
     def __iter__(self) -> Iterator[NewMessage]:
-        for payload, headers in zip(self.payloads, self.headers, strict=True):
+        keys = self.dedup_keys or [None] * len(self.payloads)
+        for payload, headers, key in zip(self.payloads, self.headers, keys, strict=True):
             yield NewMessage(self.queue, payload, headers, self.delay, self.at, self.priority,
-                             self.expires_in, self.expires_at)
+                             self.expires_in, self.expires_at, key)
 
 
 def _shared(m: NewMessage) -> tuple[Any, ...]:
     return (m.queue, m.delay, m.at, m.priority, m.expires_in, m.expires_at)
+
+
+class Published(int):
+    """The id a publish with a deduplication key returns: the new message's, or with
+    ``duplicate`` true, that of the message with the same key already waiting or running in
+    the queue (nothing was written)."""
+
+    duplicate: bool
+
+    def __new__(cls, msg_id: int, duplicate: bool = False) -> Published:
+        self = super().__new__(cls, msg_id)
+        self.duplicate = duplicate
+        return self
+
+    def __getnewargs__(self) -> tuple[int, bool]:  # type: ignore[override]
+        return int(self), self.duplicate
+
+    def __repr__(self) -> str:
+        return f"Published({int(self)}, duplicate={self.duplicate})"
 
 
 def expiry_from(m: NewMessage | NewMessages, now: datetime) -> datetime | None:

@@ -41,10 +41,13 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
+#: The longest deduplication key (characters). With the queue name it fits MySQL's limit on
+#: an index's length (3072 bytes, four per character).
+MAX_DEDUP_KEY = 255
 
 #: The range of a message's ``priority`` (higher is taken first; 0 by default). The column
 #: is a 32-bit INTEGER everywhere; the accepted range is narrower, that of a SMALLINT, which
@@ -99,15 +102,24 @@ class QueueName(TypeDecorator[str]):
 
     impl = String(MAX_QUEUE_NAME)
     cache_ok = True
+    length = MAX_QUEUE_NAME
 
     def load_dialect_impl(self, dialect: Dialect) -> Any:
         if dialect.name in ("mysql", "mariadb"):
             nopad = "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else (
                 "utf8mb4_0900_bin")
             return dialect.type_descriptor(
-                mysql.VARCHAR(MAX_QUEUE_NAME, charset="utf8mb4", collation=nopad)
+                mysql.VARCHAR(self.length, charset="utf8mb4", collation=nopad)
             )
-        return dialect.type_descriptor(String(MAX_QUEUE_NAME))
+        return dialect.type_descriptor(String(self.length))
+
+
+class DedupKey(QueueName):
+    """Deduplication keys compare exactly too: ``Charge-1`` and ``charge-1 `` are two keys."""
+
+    impl = String(MAX_DEDUP_KEY)
+    cache_ok = True
+    length = MAX_DEDUP_KEY
 
 
 def _json() -> Any:
@@ -213,6 +225,15 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # schema version 5: when the message expires (NULL: never). Read by the runtime from
         # each delivery, not by acquire, so no index: see sqlmq.lifecycle.unrunnable.
         Column("expires_at", UTCDateTime()),
+        # schema version 6: the deduplication key (NULL: none). Unique per queue among the
+        # rows of this table, so while a message waits or runs, a publish with its key finds
+        # it (see sqlmq.engines.keyed); an archived message has left the table and freed it.
+        Column("dedup_key", DedupKey()),
+        Index(
+            f"ux_{m}_dedup", "queue", "dedup_key", unique=True,
+            postgresql_where=text("dedup_key IS NOT NULL"),
+            sqlite_where=text("dedup_key IS NOT NULL"),
+        ),
         Index(
             f"ix_{m}_lease",
             "lease_expires_at",

@@ -147,7 +147,7 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
     if "connection=session" in snippet.code:  # the outbox: real ids, not None
         bodies = [json.loads(r["payload"]) for r in await rows(broker, "message")]
         assert len(bodies) == 2 and all(isinstance(b["id"], int) for b in bodies), bodies
-    elif "publish_batch" in snippet.code:
+    elif 'publish_batch("orders", [{"id": i}' in snippet.code:  # README's Publishing
         assert len(await rows(broker, "message")) == 1005
     elif "ack_policy=" in snippet.code:
         (sub,) = broker.subscribers

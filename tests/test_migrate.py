@@ -76,14 +76,16 @@ def test_bad_table_prefixes_are_refused() -> None:
 
 
 def _v2_metadata(schema: Any) -> MetaData:
-    """The tables as schema version 2 made them: no ``priority`` column anywhere, the
-    ready index ``ix_…_ready`` on ``(queue, next_attempt_at, id)`` on every database."""
+    """The tables as schema version 2 made them: no ``priority`` column anywhere (nor the
+    later versions' columns), the ready index ``ix_…_ready`` on ``(queue, next_attempt_at,
+    id)`` on every database."""
     md = MetaData()
+    later = {"priority", "expires_at", "dedup_key"}
     for t in schema.metadata.sorted_tables:
-        old = Table(t.name, md, *[c._copy() for c in t.columns if c.name != "priority"],
+        old = Table(t.name, md, *[c._copy() for c in t.columns if c.name not in later],
                     **t.dialect_kwargs)
         for ix in t.indexes:
-            if ix.name.endswith("_ready_asc"):
+            if ix.name.endswith(("_ready_asc", "_dedup")):
                 continue
             columns = (["queue", "next_attempt_at", "id"] if ix.name.endswith("_ready")
                        else [c.name for c in ix.columns])
@@ -125,7 +127,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 5
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 6
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -155,7 +157,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
         if "column_sorting" in index:  # where the dialect reflects it
             assert index["column_sorting"].get("priority", ())[:1] == ("desc",)
         assert due is None  # (version 3 made it on MySQL and MariaDB; version 4 drops it)
-        assert recorded == [1, 2, 3, 4, 5]
+        assert recorded == [1, 2, 3, 4, 5, 6]
         assert [r.priority for r in kept] == [0, 0, 0, 0]
         # version 5: expires_at, nullable, on the message table only; old rows never expire
         assert cols[schema.message.name]["expires_at"]["nullable"] is True
@@ -164,6 +166,13 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             assert (await conn.execute(select(schema.message.c.expires_at))).scalars().all() \
                 == [None] * 4
         assert archived == [0]
+        # version 6: dedup_key, nullable, and its unique index per queue
+        assert cols[schema.message.name]["dedup_key"]["nullable"] is True
+        async with brokers[0].db.connect() as conn:
+            dedup = await conn.run_sync(lambda c: {
+                ix["name"]: ix for ix in inspect(c).get_indexes(schema.message.name)
+            }[f"ux_{schema.message.name}_dedup"])
+        assert dedup["unique"] and dedup["column_names"] == ["queue", "dedup_key"]
         pending, retryable = kept[0].id, kept[1].id
 
         # The migrated table works: a new high-priority message goes before the old ones.
@@ -171,6 +180,9 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
         taken = await brokers[0].engine.acquire(["q"], 10, 30)
         assert [d.id for d in taken] == [urgent, pending, retryable]
         assert [d.priority for d in taken] == [5, 0, 0]
+        first = await brokers[0].publish("q", b"keyed", dedup_key="k")
+        again = await brokers[0].publish("q", b"keyed", dedup_key="k")
+        assert (int(again), again.duplicate, first.duplicate) == (first, True, False)
     finally:
         for b in brokers:
             await b.close()
@@ -211,12 +223,12 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 5
+        assert await broker.migrate() == SCHEMA_VERSION == 6
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
         assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [msg_id]
-        assert await broker.migrate() == 5  # and again: nothing to do
+        assert await broker.migrate() == 6  # and again: nothing to do
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -18,12 +19,13 @@ from functools import cached_property
 from typing import Any, NoReturn
 
 from sqlalchemy import URL, insert, literal
-from sqlalchemy.engine import Connection, CursorResult, Dialect
+from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool, QueuePool
+from sqlalchemy.sql import Executable
 
 from ..connect import READ_ONLY, create_async, create_sync, sync_url
 from ..errors import ConfigurationError
@@ -33,7 +35,10 @@ from ..records import Delivery, NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
 from ..sqltime import db_now_plus
 from .contract import WakeSource
+from .core_publish import KEYED_TRIES, publish_flow, run_flow, run_flow_sync
 from .sql import names_for
+
+log = logging.getLogger("sqlmq")
 
 #: The outcomes that end a message (its row moves to the archive), and those that put it back.
 ARCHIVING = frozenset(o for o in Outcome if o.archives)
@@ -181,7 +186,6 @@ class SqlEngine(KeptConnections):
 
     hands_over = False
     #: Rows per INSERT in the Core path, where the databases limit bound parameters.
-    CHUNK = 1000
     #: Lock the archive rows a requeue copies (SQLite's BEGIN IMMEDIATE already serialises).
     LOCK_FOR_REQUEUE = True
 
@@ -260,57 +264,54 @@ class SqlEngine(KeptConnections):
 
     async def _publish_core(self, messages: NewMessages,
                             executor: AsyncConnection | AsyncSession | None) -> list[int]:
-        """Insert ``messages`` in ``executor``'s transaction, or in one of sqlmq's own."""
+        """Insert ``messages`` in ``executor``'s transaction, or in one of sqlmq's own (see
+        :mod:`.core_publish`)."""
         if executor is None:
-            async with self.db.begin() as conn:
-                return await self._publish_core(messages, conn)
+            for tries in range(1, KEYED_TRIES + 1):
+                try:
+                    async with self.db.begin() as conn:
+                        return await self._publish_core(messages, conn)
+                except DBAPIError as exc:
+                    if not self._run_again(messages, exc, tries):
+                        raise
         if isinstance(executor, AsyncSession):
             executor = await executor.connection()
-        ids: list[int] = []
-        for statement, params, read in self._insert_plans(executor.dialect, messages):
-            ids += read(await executor.execute(statement, params))
-        return ids
+        return await run_flow(executor, publish_flow(
+            self.schema.message, executor.dialect, messages, self._wake_statement(messages)))
 
     def publish_sync(self, messages: NewMessages,
                      executor: Connection | Session | None = None) -> list[int]:
         if executor is None:
-            with self.sync_db.begin() as conn:
-                return self.publish_sync(messages, conn)
+            for tries in range(1, KEYED_TRIES + 1):
+                try:
+                    with self.sync_db.begin() as conn:
+                        return self.publish_sync(messages, conn)
+                except DBAPIError as exc:
+                    if not self._run_again(messages, exc, tries):
+                        raise
         if isinstance(executor, Session):
             executor = executor.connection()
-        ids: list[int] = []
-        for statement, params, read in self._insert_plans(executor.dialect, messages):
-            ids += read(executor.execute(statement, params))
-        return ids
+        return run_flow_sync(executor, publish_flow(
+            self.schema.message, executor.dialect, messages, self._wake_statement(messages)))
 
-    def _insert_plans(self, dialect: Dialect, messages: NewMessages) -> list[Any]:
-        """``(statement, parameters, ids of the result)`` per chunk of ``messages``, which
-        share a queue, a schedule and a priority. Where the database returns ids (SQLite,
-        MariaDB), one statement with the per-row values as parameters: SQLAlchemy sends it as
-        multi-row INSERT … RETURNING batches without compiling a statement per batch. MySQL 8
-        has no RETURNING: one multi-row INSERT per chunk, whose ids are consecutive."""
-        t = self.schema.message
-        when = messages.at if messages.at is not None else db_now_plus(literal(messages.delay))
-        expires = expires_at_of(messages)
-        chunks = [messages[i : i + self.CHUNK] for i in range(0, len(messages), self.CHUNK)]
-        if dialect.name == "sqlite" or bool(getattr(dialect, "is_mariadb", False)):
-            statement = insert(t).values(
-                state=State.PENDING.value, attempts_count=0, deliveries_count=0,
-                created_at=db_now_plus(literal(0.0)), next_attempt_at=when,
-                priority=messages.priority, expires_at=expires,
-            ).returning(t.c.id)
-            return [(statement, [{"queue": c.queue, "headers": h, "payload": p}
-                                 for p, h in zip(c.payloads, c.headers, strict=True)],
-                     _returned_ids) for c in chunks]
-        plans = []
-        for c in chunks:
-            rows = [{"queue": c.queue, "headers": h, "payload": p,
-                     "state": State.PENDING.value, "attempts_count": 0, "deliveries_count": 0,
-                     "created_at": db_now_plus(literal(0.0)), "next_attempt_at": when,
-                     "priority": c.priority, "expires_at": expires}
-                    for p, h in zip(c.payloads, c.headers, strict=True)]
-            plans.append((insert(t).values(rows), None, _consecutive_ids(len(c))))
-        return plans
+    def _run_again(self, messages: NewMessages, exc: DBAPIError, tries: int) -> bool:
+        """Whether a publish in sqlmq's own transaction that failed with ``exc`` runs again:
+        a keyed one the database chose as a deadlock's victim (see :mod:`.core_publish`),
+        up to ``KEYED_TRIES`` times; it wrote nothing, and run again it is the same."""
+        if messages.dedup_keys is None or tries >= KEYED_TRIES or not self._deadlock(exc):
+            return False
+        log.info("a keyed publish to %r was a deadlock's victim; running it again (%d of %d)",
+                 messages.queue, tries + 1, KEYED_TRIES)
+        return True
+
+    def _deadlock(self, exc: DBAPIError) -> bool:
+        """Whether the database ended the transaction to break a deadlock."""
+        return False
+
+    def _wake_statement(self, messages: NewMessages) -> Executable | None:
+        """What a Core publish runs to wake consumers in other processes (PostgreSQL's
+        NOTIFY); None where they notice commits by themselves."""
+        return None
 
     @staticmethod
     def settlement_json(settlements: Sequence[Settlement]) -> str:
@@ -330,20 +331,6 @@ class SqlEngine(KeptConnections):
                 for s in settlements
             ]
         )
-
-
-def _returned_ids(result: CursorResult[Any]) -> list[int]:
-    return sorted(r[0] for r in result)
-
-
-def _consecutive_ids(count: int) -> Callable[[CursorResult[Any]], list[int]]:
-    """MySQL without RETURNING: one multi-row INSERT gets consecutive ids."""
-
-    def read(result: CursorResult[Any]) -> list[int]:
-        first = result.lastrowid
-        return list(range(first, first + count))
-
-    return read
 
 
 def _as_json(value: Any) -> Any:
@@ -635,14 +622,6 @@ def leased_delivery(message: NewMessage, msg_id: int, now: datetime,
     return Delivery(msg_id, message.queue, dict(message.headers), message.payload, 0, 1, now,
                     now, now, lease_expires_at, now, [], priority=message.priority,
                     expires_at=expires_at)
-
-
-def expires_at_of(messages: NewMessage | NewMessages) -> Any:
-    """The ``expires_at`` a publish stores, for SQLAlchemy Core: the moment given, now plus
-    the seconds given on the database clock, or NULL."""
-    if messages.expires_in is not None:
-        return db_now_plus(literal(messages.expires_in))
-    return messages.expires_at
 
 
 class BatchTimes(dict[Any, datetime]):

@@ -35,6 +35,7 @@ from ..records import (
     Delivery,
     NewMessage,
     NewMessages,
+    Published,
     QueueStats,
     Settlement,
     expiry_from,
@@ -69,6 +70,7 @@ class Row:
     history: list[dict[str, Any]] | None = None
     priority: int = 0
     expires_at: datetime | None = None
+    dedup_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -112,18 +114,44 @@ class MemoryStore:
     by_queue: dict[str, dict[int, Row]] = field(default_factory=dict)
     archive: dict[int, Archived] = field(default_factory=dict)
     last_id: int = 0
+    #: (queue, dedup key) -> the id of the row holding it: in the table, or published in a
+    #: transaction not yet ended (the SQL engines' unique index, which makes a second
+    #: publisher wait for that transaction; here it is told at once)
+    keys: dict[tuple[str, str], int] = field(default_factory=dict)
 
-    def new_rows(self, messages: NewMessages, now: datetime) -> list[Row]:
-        """Rows for ``messages`` with their ids taken (in order), not yet visible."""
+    def new_rows(self, messages: NewMessages, now: datetime) -> tuple[list[Row], list[int]]:
+        """Rows for ``messages`` with their ids taken (in order), not yet visible, and the
+        ids the publish returns: a message whose key is held is that holder's duplicate
+        and gets no row."""
         at = messages.at
         ready = now + timedelta(seconds=messages.delay) if at is None else at.astimezone(UTC)
         expires_at = expiry_from(messages, now)
-        out = []
-        for payload, headers in zip(messages.payloads, messages.headers, strict=True):
+        rows: list[Row] = []
+        ids: list[int] = []
+        keys = messages.dedup_keys or [None] * len(messages)
+        for payload, headers, key in zip(messages.payloads, messages.headers, keys,
+                                         strict=True):
+            if key is not None:
+                held = self.keys.get((messages.queue, key))
+                if held is not None:
+                    ids.append(Published(held, True))
+                    continue
             self.last_id += 1
-            out.append(Row(self.last_id, messages.queue, dict(headers), payload, now, ready,
-                           priority=messages.priority, expires_at=expires_at))
-        return out
+            rows.append(Row(self.last_id, messages.queue, dict(headers), payload, now, ready,
+                            priority=messages.priority, expires_at=expires_at,
+                            dedup_key=key))
+            if key is None:
+                ids.append(self.last_id)
+            else:
+                self.keys[messages.queue, key] = self.last_id
+                ids.append(Published(self.last_id, False))
+        return rows, ids
+
+    def free_keys(self, rows: Iterable[Row]) -> None:
+        """The keys of ``rows`` (leaving the table, or never entering it) are free again."""
+        for row in rows:
+            if row.dedup_key is not None and self.keys.get((row.queue, row.dedup_key)) == row.id:
+                del self.keys[row.queue, row.dedup_key]
 
     def add(self, rows: Iterable[Row]) -> None:
         for row in rows:
@@ -133,6 +161,7 @@ class MemoryStore:
     def _remove(self, row: Row) -> None:
         del self.rows[row.id]
         del self.by_queue[row.queue][row.id]
+        self.free_keys([row])
 
     def acquire(self, queues: Sequence[str], limit: int, lease: float,
                 now: datetime) -> list[Delivery]:
@@ -343,23 +372,28 @@ class MemoryEngine:
         would. Unlike rows, they are not taken back by rolling back a savepoint."""
         target = None if executor is None else _transaction_owner(executor)
         with self._lock:
-            rows = self._store.new_rows(messages, self._now())
+            rows, ids = self._store.new_rows(messages, self._now())
             if target is None:
                 self._store.add(rows)
                 self._writes += 1
-        if target is not None:
-            on_commit(target, object(), lambda: self._commit(rows))  # a key of its own
-        return [r.id for r in rows]
+        if target is not None:  # a key of its own
+            on_commit(target, object(), lambda: self._commit(rows),
+                      lambda: self._rolled_back(rows))
+        return ids
 
     def _commit(self, rows: list[Row]) -> None:
         with self._lock:
             self._store.add(rows)
             self._writes += 1
 
+    def _rolled_back(self, rows: list[Row]) -> None:
+        with self._lock:
+            self._store.free_keys(rows)
+
     async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
         with self._lock:
             now = self._now()
-            (row,) = self._store.new_rows(NewMessages.of([message]), now)
+            (row,), _ = self._store.new_rows(NewMessages.of([message]), now)
             row.state, row.deliveries_count, row.next_attempt_at = State.PROCESSING, 1, None
             row.first_attempt_at = row.acquired_at = now
             row.lease_expires_at = now + timedelta(seconds=lease)

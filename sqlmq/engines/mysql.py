@@ -106,6 +106,8 @@ def acquire_statements(names: Mapping[str, object], queues: int) -> AcquireState
 _MANY_ROWS = 5000
 _MANY_BYTES = 1 << 20
 _PACKET_BYTES = 4 << 20
+#: The server ended the transaction to break a deadlock (ER_LOCK_DEADLOCK).
+_ER_LOCK_DEADLOCK = 1213
 
 #: Above every priority: the first packet's bound.
 TOP_LEVEL = MAX_PRIORITY + 1
@@ -168,11 +170,13 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         """One message due after a delay, on sqlmq's own connection: INSERT_ONE on a kept
         connection, one round trip, the INSERT committing itself (the general path's pool
         checkout, INSERT and COMMIT take three). A batch on MariaDB's own connection: see
-        ``_publish_many``. Anything else through SQLAlchemy Core (see
-        ``SqlEngine._insert_plans``)."""
-        if executor is None and len(messages) > 1 and self._returning():
+        ``_publish_many``. Anything else (the caller's transaction, deduplication keys,
+        MySQL 8's batches) through SQLAlchemy Core (see :mod:`.core_publish`)."""
+        if executor is not None or messages.dedup_keys is not None:
+            return await self._publish_core(messages, executor)
+        if len(messages) > 1 and self._returning():
             return await self._publish_many(messages)
-        if executor is None and len(messages) == 1 and messages.at is None:
+        if len(messages) == 1 and messages.at is None:
             message = messages[0]
             delay = round(message.delay * 1_000_000)
             args = [message.queue, json.dumps(message.headers), message.payload, delay,
@@ -210,6 +214,9 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         results = await self._packet(statements, keep=range(3, len(statements) - 1),
                                      one_packet=total + size < _PACKET_BYTES)
         return sorted(int(row[0]) for rows in results for row in rows)
+
+    def _deadlock(self, exc: DBAPIError) -> bool:
+        return bool(getattr(exc.orig, "args", None)) and exc.orig.args[0] == _ER_LOCK_DEADLOCK
 
     def _returning(self) -> bool:
         """Whether the server has INSERT … RETURNING: MariaDB, not MySQL 8 (known once a

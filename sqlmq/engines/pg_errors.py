@@ -25,6 +25,14 @@ def never_sent(exc: BaseException) -> bool:
             or (isinstance(exc, asyncpg.InterfaceError) and "connection is closed" in text))
 
 
+def deadlock_detected(exc: BaseException) -> bool:
+    """The server ended the transaction to break a deadlock (SQLSTATE 40P01), whichever
+    driver said so (asyncpg's ``sqlstate``, psycopg's ``sqlstate``/``pgcode``)."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig.__cause__ or exc.orig
+    return (getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)) == "40P01"
+
+
 def connection_lost(exc: BaseException) -> bool:
     """The connection died: a socket error, asyncpg's word for it, or the server's (SQLSTATE
     class 08, or 57P: the server shutting down or ending the session)."""

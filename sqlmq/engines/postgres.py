@@ -15,10 +15,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import Executable
 
 from ..backoff import describe
 from ..errors import PublishOutcomeUnknown
@@ -37,7 +39,7 @@ from .base import (
 )
 from .contract import WakeSource
 from .paramstyles import DriverStatement, for_paramstyle
-from .pg_errors import connection_lost, from_driver, never_sent
+from .pg_errors import connection_lost, deadlock_detected, from_driver, never_sent
 from .pg_floors import ReadyFloors
 from .pg_notify import Listener, channel_for
 from .pg_publish import PG_COPY_COLUMNS, PG_COPY_MIN, insert_args, pg_copy_args, pg_copy_data
@@ -242,6 +244,8 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         A connection lost before the publish reached the server, or before its COMMIT was
         sent, wrote nothing: the publish runs again on another connection. Lost after that,
         the outcome is unknown, and :class:`PublishOutcomeUnknown` says so."""
+        if messages.dedup_keys is not None:
+            return await self._publish_core(messages, executor)
         statement = self._insert if messages.at is None else self._insert_at
         if executor is not None:
             if isinstance(executor, AsyncSession):
@@ -260,7 +264,10 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
     def publish_sync(self, messages: NewMessages,
                      executor: Connection | Session | None = None) -> list[int]:
         """The same statement on a synchronous connection, sqlmq's own (psycopg) or the
-        caller's, whatever its driver (see :meth:`_on_callers_driver`)."""
+        caller's, whatever its driver (see :meth:`_on_callers_driver`). Deduplication keys
+        take the Core path (:mod:`.core_publish`)."""
+        if messages.dedup_keys is not None:
+            return super().publish_sync(messages, executor)
         if executor is None:
             with self.sync_db.begin() as conn:
                 return self.publish_sync(messages, conn)
@@ -284,6 +291,14 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
             found = self._driver_statements[statement, paramstyle] = for_paramstyle(
                 statement, paramstyle)
         return found.text, found.args(insert_args(self.channel, messages))
+
+    def _deadlock(self, exc: DBAPIError) -> bool:
+        return deadlock_detected(exc)
+
+    def _wake_statement(self, messages: NewMessages) -> Executable | None:
+        """The NOTIFY the INSERT statements send, for a publish through Core: it too is
+        delivered at the commit, once the rows are visible."""
+        return select(func.pg_notify(self.channel, messages.queue))
 
     def wake_source(self, on_queue: Callable[[str], None],
                     on_all: Callable[[], None]) -> WakeSource | None:

@@ -87,12 +87,13 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
     async def publish(self, messages: NewMessages,
                       executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
         """One message due after a delay, on sqlmq's own connection: INSERT_ONE, straight on
-        aiosqlite; a batch there: ``_publish_many``. Anything else through SQLAlchemy Core
-        (see ``SqlEngine._insert_plans``)."""
-        if executor is None and len(messages) == 1 and messages.at is None:
-            return [await self._insert_one(messages[0])]
-        if executor is None and len(messages) > 1:
-            return await self._publish_many(messages)
+        aiosqlite; a batch there: ``_publish_many``. Anything else (the caller's transaction,
+        deduplication keys) through SQLAlchemy Core (see :mod:`.core_publish`)."""
+        if executor is None and messages.dedup_keys is None:
+            if len(messages) == 1 and messages.at is None:
+                return [await self._insert_one(messages[0])]
+            if len(messages) > 1:
+                return await self._publish_many(messages)
         return await self._publish_core(messages, executor)
 
     async def _publish_many(self, messages: NewMessages) -> list[int]:

@@ -1,0 +1,248 @@
+"""Publishing through SQLAlchemy Core: batches where an engine has no faster path, every
+publish in the caller's transaction on MySQL and SQLite, and every publish with
+deduplication keys, on sqlmq's connections or the caller's.
+
+A publish is a *flow*: a generator that yields ``(statement, parameters)`` and is sent each
+statement's result, returning the ids in the messages' order. :func:`run_flow` and
+:func:`run_flow_sync` run one on an async or a sync connection, so both kinds of caller
+share one account of what is written.
+
+**Deduplication keys.** At most one message per key waits or runs in a queue: a unique
+index on ``(queue, dedup_key)`` over the message table (``ux_{prefix}message_dedup``) says
+so, and the database enforces it against every publisher, in this process or another, in
+sqlmq's transactions or the caller's. An archived message has left the table, so its key is
+free again. A publish whose key is taken writes nothing and returns the id of the message
+holding it, as :class:`~sqlmq.records.Published` with ``duplicate`` true. Two transactions
+publishing one key: the database makes the second insert wait for the first transaction;
+committed, the second is a duplicate; rolled back, the second inserts.
+
+Each database skips a taken key its own way:
+
+* PostgreSQL and SQLite: ``INSERT … ON CONFLICT DO NOTHING RETURNING id, dedup_key``
+  returns the rows it inserted; the ids holding the other keys are read after. DO NOTHING
+  locks nothing, so on PostgreSQL a message can be archived between the two statements,
+  freeing its key: the insert is tried again for the keys read as missing.
+* MySQL and MariaDB: ``INSERT … ON DUPLICATE KEY UPDATE`` with an update that changes
+  nothing but notes the duplicate's id in a session variable (the affected-row count cannot
+  tell, since SQLAlchemy's drivers count found rows), a row at a time, its id (its own or
+  the holder's) read from LAST_INSERT_ID. The update
+  locks the row it meets: a duplicate publish in a long transaction of the caller's makes
+  a consumer settling that message wait for its commit. InnoDB checks a unique key with
+  next-key locks, so publishers of overlapping keys can deadlock (error 1213): sqlmq runs
+  its own transaction again (a keyed publish repeated is harmless), the caller's is the
+  caller's to run again, as any MySQL transaction.
+
+A key met twice in one batch is sent once; the later messages are its duplicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+from sqlalchemy import Table, bindparam, insert, literal, literal_column, select, text
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Executable
+
+from ..errors import PublishError
+from ..lifecycle import State
+from ..records import NewMessage, NewMessages, Published
+from ..sqltime import db_now_plus
+
+#: Rows per multi-row INSERT.
+CHUNK = 1000
+#: Inserts of one keyed batch before giving up, on PostgreSQL, where each key found missing
+#: after an insert skipped it had been archived in between (freed, so tried again).
+KEYED_TRIES = 5
+
+Step = tuple[Executable, Any]
+#: Yields statements with their parameters, is sent their results, returns the ids.
+Flow = Generator[Step, Any, list[int]]
+
+
+def run_flow_sync(conn: Connection, flow: Flow) -> list[int]:
+    result: Any = None
+    try:
+        while True:
+            statement, params = flow.send(result)
+            result = conn.execute(statement, params)
+    except StopIteration as done:
+        return done.value
+
+
+async def run_flow(conn: AsyncConnection, flow: Flow) -> list[int]:
+    result: Any = None
+    try:
+        while True:
+            statement, params = flow.send(result)
+            result = await conn.execute(statement, params)
+    except StopIteration as done:
+        return done.value
+
+
+def pending_values(messages: NewMessage | NewMessages) -> dict[str, Any]:
+    """The columns a publish sets alike on all its rows, the schedule and the expiry on the
+    database clock."""
+    when = messages.at if messages.at is not None else db_now_plus(literal(messages.delay))
+    return {"state": State.PENDING.value, "attempts_count": 0, "deliveries_count": 0,
+            "created_at": db_now_plus(literal(0.0)), "next_attempt_at": when,
+            "priority": messages.priority, "expires_at": expires_at_of(messages)}
+
+
+def expires_at_of(messages: NewMessage | NewMessages) -> Any:
+    """The ``expires_at`` a publish stores: the moment given, now plus the seconds given on
+    the database clock, or NULL."""
+    if messages.expires_in is not None:
+        return db_now_plus(literal(messages.expires_in))
+    return messages.expires_at
+
+
+def publish_flow(table: Table, dialect: Dialect, messages: NewMessages,
+                 wake: Executable | None = None) -> Flow:
+    """Insert ``messages`` (ids in order); ``wake``, if any, runs once something is
+    written (PostgreSQL's NOTIFY)."""
+    if messages.dedup_keys is None:
+        ids = yield from _plain(table, dialect, messages)
+    else:
+        ids = yield from _keyed(table, dialect, messages)
+    if wake is not None and not all(getattr(i, "duplicate", False) for i in ids):
+        yield wake, None
+    return ids
+
+
+def _plain(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
+    """Where the database returns ids (PostgreSQL, SQLite, MariaDB), one statement with
+    the per-row values as parameters: SQLAlchemy sends it as multi-row INSERT … RETURNING
+    batches without compiling a statement per batch. MySQL 8 has no RETURNING: one
+    multi-row INSERT per chunk, whose ids are consecutive."""
+    values = pending_values(messages)
+    ids: list[int] = []
+    for i in range(0, len(messages), CHUNK):
+        c = messages[i : i + CHUNK]
+        rows = [{"queue": c.queue, "headers": h, "payload": p}
+                for p, h in zip(c.payloads, c.headers, strict=True)]
+        if dialect.insert_returning:
+            result = yield insert(table).values(**values).returning(table.c.id), rows
+            ids += sorted(r[0] for r in result)
+        else:
+            result = yield insert(table).values([{**r, **values} for r in rows]), None
+            ids += range(result.lastrowid, result.lastrowid + len(rows))
+    return ids
+
+
+def _keyed(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
+    keys = messages.dedup_keys
+    assert keys is not None
+    out: list[int | None] = [None] * len(messages)
+    plain = [i for i, k in enumerate(keys) if k is None]
+    if plain:
+        ids = yield from _plain(table, dialect, _pick(messages, plain))
+        for i, msg_id in zip(plain, ids, strict=True):
+            out[i] = msg_id
+    first: dict[str, int] = {}  # each key's first message
+    for i, k in enumerate(keys):
+        if k is not None:
+            first.setdefault(k, i)
+    # in key order: two batches sharing keys lock them in the same order, never crosswise
+    first = dict(sorted(first.items()))
+    if dialect.name in ("mysql", "mariadb"):
+        held = yield from _on_duplicate(table, messages, first)
+    else:
+        held = yield from _on_conflict(table, dialect, messages, first)
+    for i, k in enumerate(keys):
+        if k is not None:
+            msg_id, duplicate = held[k]
+            out[i] = Published(msg_id, duplicate or first[k] != i)
+    return [i for i in out if i is not None]
+
+
+def _pick(messages: NewMessages, indexes: Sequence[int]) -> NewMessages:
+    keys = messages.dedup_keys
+    return NewMessages(messages.queue, [messages.payloads[i] for i in indexes],
+                       [messages.headers[i] for i in indexes], messages.delay, messages.at,
+                       messages.priority, messages.expires_in, messages.expires_at,
+                       None if keys is None else [keys[i] for i in indexes])
+
+
+def _keyed_rows(messages: NewMessages, first: dict[str, int]) -> list[dict[str, Any]]:
+    return [{"queue": messages.queue, "headers": messages.headers[i],
+             "payload": messages.payloads[i], "dedup_key": k} for k, i in first.items()]
+
+
+def _holders(table: Table, queue: str) -> Executable:
+    """``(dedup_key, id)`` of the rows holding the keys ``keys`` in ``queue``."""
+    c = table.c
+    return select(c.dedup_key, c.id).where(
+        c.queue == queue, c.dedup_key.in_(bindparam("keys", expanding=True)))
+
+
+_CONFLICT_INSERTS: dict[str, Callable[[Table], Any]] = {
+    "postgresql": pg_dialect.insert, "sqlite": sqlite_dialect.insert}
+
+
+def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
+                 first: dict[str, int]) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
+    c = table.c
+    statement = (_CONFLICT_INSERTS[dialect.name](table).values(**pending_values(messages))
+                 .on_conflict_do_nothing(index_elements=[c.queue, c.dedup_key],
+                                         index_where=c.dedup_key.isnot(None))
+                 .returning(c.dedup_key, c.id))
+    held: dict[str, tuple[int, bool]] = {}
+    todo = dict(first)
+    for _ in range(KEYED_TRIES):
+        for start in range(0, len(todo), CHUNK):
+            chunk = dict(list(todo.items())[start : start + CHUNK])
+            result = yield statement, _keyed_rows(messages, chunk)
+            held.update((k, (msg_id, False)) for k, msg_id in result)
+        missing = [k for k in todo if k not in held]
+        for start in range(0, len(missing), CHUNK):
+            result = yield (_holders(table, messages.queue),
+                            {"keys": missing[start : start + CHUNK]})
+            held.update((k, (msg_id, True)) for k, msg_id in result)
+        todo = {k: todo[k] for k in missing if k not in held}
+        if not todo:
+            return held
+    raise PublishError(f"publishing to {messages.queue!r}: the messages holding keys "
+                       f"{sorted(todo)[:5]} kept being archived while this publish looked "
+                       f"for them ({KEYED_TRIES} tries); nothing of theirs was written")
+
+
+def _on_duplicate(table: Table, messages: NewMessages,
+                  first: dict[str, int]) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
+    """A row at a time: its id, its own or the holder's, read from LAST_INSERT_ID (which
+    the update sets to the holder's), and whether it was a duplicate from ``@sqlmq_dups``.
+    One multi-row INSERT … RETURNING on MariaDB would be fewer round trips, but with four
+    processes publishing the same keys it now and then returned no row for a key and left
+    no row holding it either (``tests/test_dedup.py``, about one run in three); a row at a
+    time has not (and is MySQL 8's way anyway: it has no RETURNING)."""
+    statement = (mysql_dialect.insert(table).values(**pending_values(messages))
+                 .on_duplicate_key_update(id=literal_column(_NOTE_DUPLICATE)))
+    held: dict[str, tuple[int, bool]] = {}
+    for row in _keyed_rows(messages, first):
+        yield _RESET_DUPLICATES, None
+        msg_id = (yield statement, row).lastrowid
+        duplicates = _duplicates((yield _READ_DUPLICATES, None))
+        held[row["dedup_key"]] = (msg_id, msg_id in duplicates)
+    return held
+
+
+def _duplicates(result: Any) -> set[int]:
+    return {int(i) for i in (result.scalar() or "").split(",") if i}
+
+
+#: ON DUPLICATE KEY UPDATE's value for ``id``: the same id, made LAST_INSERT_ID, having
+#: appended it to ``@sqlmq_dups`` (an assignment in an expression: deprecated on MySQL 8,
+#: still there). SQLAlchemy's MySQL drivers count found rows, so the affected-row count
+#: cannot tell an insert from a duplicate.
+_NOTE_DUPLICATE = ("LAST_INSERT_ID(id)"
+                   " + 0 * LENGTH(@sqlmq_dups := CONCAT(@sqlmq_dups, ',', id))")
+_RESET_DUPLICATES = text("SET @sqlmq_dups = ''")
+_READ_DUPLICATES = text("SELECT @sqlmq_dups")
+
+
+__all__ = ["CHUNK", "Flow", "expires_at_of", "pending_values", "publish_flow", "run_flow",
+           "run_flow_sync"]

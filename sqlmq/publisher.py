@@ -1,0 +1,116 @@
+"""The broker's publishing half: ``publish``, ``publish_batch`` and their synchronous twins.
+
+Every publish is validated and encoded first (:func:`sqlmq.publishing.prepare`), then
+written by the engine, on sqlmq's own connections or in the caller's transaction
+(``connection=``: the outbox). A single due publish with nobody else's transaction may be
+handed straight to an idle subscriber of this process (:mod:`sqlmq.handover`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from .engines.contract import Engine
+from .handover import hand_over, idle_runtime
+from .publishing import check_executor, prepare
+from .records import NewMessages
+from .runtime import SubscriberRuntime
+from .wakeups import Wakeups
+
+#: When a message expires: seconds or a timedelta from the database's now, or a moment.
+Expiry = float | timedelta | datetime
+
+
+class Publisher:
+    """Publishing, for :class:`sqlmq.Broker` (which sets these attributes)."""
+
+    max_payload_bytes: int
+    _engine: Engine
+    _runtimes: list[SubscriberRuntime]
+    _wakeups: Wakeups
+
+    async def publish(
+        self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None, at: datetime | None = None,
+        priority: int = 0, expires: Expiry | None = None, dedup_key: str | None = None,
+        connection: AsyncConnection | AsyncSession | None = None,
+    ) -> int:
+        """Publish one message; returns its id. With ``connection`` it commits or rolls
+        back with the caller's transaction. A higher ``priority`` (-32768..32767) goes first.
+        A message not started by ``expires`` (seconds or a timedelta from the database's
+        now, or a moment) is archived EXPIRED instead of running. With ``dedup_key``, while
+        a message with that key waits or runs in ``queue`` nothing is written: the result,
+        a :class:`~sqlmq.Published`, is that message's id with ``duplicate`` true."""
+        (msg_id,) = await self.publish_batch(
+            queue, [body], headers=headers, delay=delay, at=at, priority=priority,
+            expires=expires, dedup_keys=None if dedup_key is None else [dedup_key],
+            connection=connection)
+        return msg_id
+
+    async def publish_batch(
+        self, queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None, at: datetime | None = None,
+        priority: int = 0, expires: Expiry | None = None,
+        dedup_keys: Sequence[str | None] | None = None,
+        connection: AsyncConnection | AsyncSession | None = None,
+    ) -> list[int]:
+        """Publish many messages (one priority and expiry) to one queue at once; ids in
+        order. ``dedup_keys``: a key (or None) per body; a key met twice in the batch is
+        one message."""
+        messages = self._prepare(queue, bodies, headers, delay, at, priority, expires,
+                                 dedup_keys)
+        if not messages:
+            return []
+        check_executor(connection, asynchronous=True)
+        if connection is None and self._engine.hands_over and len(messages) == 1 \
+                and messages.at is None and messages.dedup_keys is None:
+            direct = idle_runtime(self._runtimes, self._wakeups, messages[0])
+            if direct is not None:
+                return [await hand_over(self._engine, self._wakeups, direct, messages[0])]
+        ids = await self._engine.publish(messages, connection)
+        self._wakeups.wake_when_visible(queue, connection)
+        return ids
+
+    def publish_sync(
+        self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None, at: datetime | None = None,
+        priority: int = 0, expires: Expiry | None = None, dedup_key: str | None = None,
+        connection: Connection | Session | None = None,
+    ) -> int:
+        """The synchronous twin of :meth:`publish`, for code without an event loop."""
+        (msg_id,) = self.publish_batch_sync(
+            queue, [body], headers=headers, delay=delay, at=at, priority=priority,
+            expires=expires, dedup_keys=None if dedup_key is None else [dedup_key],
+            connection=connection)
+        return msg_id
+
+    def publish_batch_sync(
+        self, queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None, at: datetime | None = None,
+        priority: int = 0, expires: Expiry | None = None,
+        dedup_keys: Sequence[str | None] | None = None,
+        connection: Connection | Session | None = None,
+    ) -> list[int]:
+        """The synchronous twin of :meth:`publish_batch`."""
+        messages = self._prepare(queue, bodies, headers, delay, at, priority, expires,
+                                 dedup_keys)
+        if not messages:
+            return []
+        check_executor(connection, asynchronous=False)
+        ids = self._engine.publish_sync(messages, connection)
+        self._wakeups.wake_when_visible(queue, connection)
+        return ids
+
+    def _prepare(self, queue: str, bodies: Iterable[Any], headers: Mapping[str, str] | None,
+                 delay: float | timedelta | None, at: datetime | None, priority: int,
+                 expires: Expiry | None,
+                 dedup_keys: Sequence[str | None] | None) -> NewMessages:
+        return prepare(queue, bodies, headers=headers, delay=delay, at=at,
+                       max_payload_bytes=self.max_payload_bytes, priority=priority,
+                       expires=expires, dedup_keys=dedup_keys)
