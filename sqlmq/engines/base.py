@@ -185,7 +185,6 @@ class SqlEngine(KeptConnections):
     """
 
     hands_over = False
-    #: Rows per INSERT in the Core path, where the databases limit bound parameters.
     #: Lock the archive rows a requeue copies (SQLite's BEGIN IMMEDIATE already serialises).
     LOCK_FOR_REQUEUE = True
 
