@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import sqlmq.broker
+import sqlmq.publisher
 from sqlmq import Broker, Message
 from sqlmq.handover import hand_over, idle_runtime
 
@@ -110,7 +110,7 @@ async def test_no_hand_over_with_a_delay_a_backlog_or_a_busy_subscriber(
         handed.append(msg_id := await hand_over(*args))
         return msg_id
 
-    monkeypatch.setattr(sqlmq.broker, "hand_over", spy)
+    monkeypatch.setattr(sqlmq.publisher, "hand_over", spy)
     # Before the first acquire, the subscriber does not know whether a backlog waits.
     first = await broker.publish("jobs", "backlog")
     assert (await rows(broker, id=first))[0]["state"] == "PENDING"
