@@ -16,7 +16,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn, ExecutableDDLElement
 
 from .errors import SchemaError
-from .schema import SCHEMA_VERSION, Schema, ready_index_of
+from .schema import SCHEMA_VERSION, Schema, dedup_index_of, ready_index_of
 
 
 def _v1(conn: Connection, schema: Schema) -> None:
@@ -96,10 +96,9 @@ def _v6(conn: Connection, schema: Schema) -> None:
     m = schema.message
     if "dedup_key" not in {c["name"] for c in inspect(conn).get_columns(m.name)}:
         conn.execute(AddColumn(m.c.dedup_key))
-    have = {ix["name"] for ix in inspect(conn).get_indexes(m.name)}
-    for index in m.indexes:
-        if index.name == f"ux_{m.name}_dedup" and index.name not in have:
-            index.create(conn)
+    index = dedup_index_of(schema)
+    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
+        index.create(conn)
 
 
 class AddColumn(ExecutableDDLElement):

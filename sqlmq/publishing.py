@@ -77,13 +77,7 @@ def _dedup_key(key: str | None) -> str | None:
     if not 0 < len(key) <= MAX_DEDUP_KEY:
         raise PublishError(f"a dedup key must have 1 to {MAX_DEDUP_KEY} characters, got "
                            f"{len(key)}")
-    if "\x00" in key:
-        raise PublishError(f"dedup key {key!r} contains a NUL character")
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PublishError(f"dedup key {key!r} is not valid Unicode text (it has a lone "
-                           f"surrogate)") from None
+    _check_text(f"dedup key {key!r}", key)
     return key
 
 
@@ -113,17 +107,22 @@ def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
             raise PublishError(
                 f"header {key!r} must be a string, got {type(value).__name__}"
             )
-        if "\x00" in key or "\x00" in value:
-            raise PublishError(f"header {key!r} contains a NUL character")
-        try:
-            key.encode("utf-8")
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise PublishError(
-                f"header {key!r} is not valid Unicode text (it has a lone surrogate)"
-            ) from None
+        _check_text(f"header {key!r}", key, value)
         out[key] = value
     return out
+
+
+def _check_text(what: str, *texts: str) -> None:
+    """Text every database stores as given: no NUL (PostgreSQL refuses it in text, others
+    cut there), valid Unicode (a lone surrogate cannot be encoded). ``what`` names it."""
+    if any("\x00" in t for t in texts):
+        raise PublishError(f"{what} contains a NUL character")
+    try:
+        for t in texts:
+            t.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PublishError(f"{what} is not valid Unicode text (it has a lone surrogate)"
+                           ) from None
 
 
 def check_executor(executor: Any, *, asynchronous: bool) -> None:
@@ -153,7 +152,7 @@ def prepare(
     dedup_keys: Sequence[str | None] | None = None,
 ) -> NewMessages:
     """Validate and encode everything before anything is written. ``dedup_keys``: one per
-    body (see :mod:`sqlmq.engines.keyed`)."""
+    body (see :mod:`sqlmq.engines.core_publish`)."""
     try:
         check_queue(queue)
     except Exception as exc:

@@ -49,7 +49,7 @@ class NewMessages(Sequence[NewMessage]):
     expires_in: float | None = None  # as NewMessage's
     expires_at: datetime | None = None
     #: One deduplication key (or None) per payload; None: no message has one. A batch with
-    #: keys takes each engine's keyed path (see :mod:`sqlmq.engines.keyed`).
+    #: keys takes each engine's keyed path (see :mod:`sqlmq.engines.core_publish`).
     dedup_keys: list[str | None] | None = None
 
     def __post_init__(self) -> None:
@@ -93,6 +93,14 @@ class NewMessages(Sequence[NewMessage]):
         return NewMessage(self.queue, self.payloads[index], self.headers[index], self.delay,
                           self.at, self.priority, self.expires_in, self.expires_at,
                           None if keys is None else keys[index])
+
+    def pick(self, indexes: Sequence[int]) -> NewMessages:
+        """The messages at ``indexes``, in that order, as a batch of their own."""
+        keys = self.dedup_keys
+        return NewMessages(self.queue, [self.payloads[i] for i in indexes],
+                           [self.headers[i] for i in indexes], self.delay, self.at,
+                           self.priority, self.expires_in, self.expires_at,
+                           None if keys is None else [keys[i] for i in indexes])
 
     def __iter__(self) -> Iterator[NewMessage]:
         keys = self.dedup_keys or [None] * len(self.payloads)

@@ -166,11 +166,15 @@ def ready_index_asc(message: Table) -> Index:
 def ready_index_of(schema: Schema) -> Index:
     """The ready index of ``schema``'s message table (the object :func:`ready_index` put
     there)."""
-    return _index_of(schema, "ready")
+    return _index_of(schema, f"ix_{schema.message.name}_ready")
 
 
-def _index_of(schema: Schema, suffix: str) -> Index:
-    name = f"ix_{schema.message.name}_{suffix}"
+def dedup_index_of(schema: Schema) -> Index:
+    """The unique index of ``schema``'s deduplication keys (schema version 6)."""
+    return _index_of(schema, f"ux_{schema.message.name}_dedup")
+
+
+def _index_of(schema: Schema, name: str) -> Index:
     return next(ix for ix in schema.message.indexes if ix.name == name)
 
 
@@ -227,7 +231,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("expires_at", UTCDateTime()),
         # schema version 6: the deduplication key (NULL: none). Unique per queue among the
         # rows of this table, so while a message waits or runs, a publish with its key finds
-        # it (see sqlmq.engines.keyed); an archived message has left the table and freed it.
+        # it (see sqlmq.engines.core_publish); an archived message has left the table and freed it.
         Column("dedup_key", DedupKey()),
         Index(
             f"ux_{m}_dedup", "queue", "dedup_key", unique=True,

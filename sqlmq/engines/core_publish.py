@@ -37,7 +37,7 @@ A key met twice in one batch is sent once; the later messages are its duplicates
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from typing import Any
 
 from sqlalchemy import Table, bindparam, insert, literal, literal_column, select, text
@@ -55,8 +55,9 @@ from ..sqltime import db_now_plus
 
 #: Rows per multi-row INSERT.
 CHUNK = 1000
-#: Inserts of one keyed batch before giving up, on PostgreSQL, where each key found missing
-#: after an insert skipped it had been archived in between (freed, so tried again).
+#: Tries of a keyed publish: its inserts on PostgreSQL, where a key found missing after an
+#: insert skipped it had been archived in between (freed, so tried again), and its runs in
+#: sqlmq's own transaction when the database chooses it as a deadlock's victim.
 KEYED_TRIES = 5
 
 Step = tuple[Executable, Any]
@@ -140,7 +141,7 @@ def _keyed(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
     out: list[int | None] = [None] * len(messages)
     plain = [i for i, k in enumerate(keys) if k is None]
     if plain:
-        ids = yield from _plain(table, dialect, _pick(messages, plain))
+        ids = yield from _plain(table, dialect, messages.pick(plain))
         for i, msg_id in zip(plain, ids, strict=True):
             out[i] = msg_id
     first: dict[str, int] = {}  # each key's first message
@@ -158,14 +159,6 @@ def _keyed(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
             msg_id, duplicate = held[k]
             out[i] = Published(msg_id, duplicate or first[k] != i)
     return [i for i in out if i is not None]
-
-
-def _pick(messages: NewMessages, indexes: Sequence[int]) -> NewMessages:
-    keys = messages.dedup_keys
-    return NewMessages(messages.queue, [messages.payloads[i] for i in indexes],
-                       [messages.headers[i] for i in indexes], messages.delay, messages.at,
-                       messages.priority, messages.expires_in, messages.expires_at,
-                       None if keys is None else [keys[i] for i in indexes])
 
 
 def _keyed_rows(messages: NewMessages, first: dict[str, int]) -> list[dict[str, Any]]:

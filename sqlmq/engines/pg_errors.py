@@ -15,8 +15,7 @@ def never_sent(exc: BaseException) -> bool:
     """asyncpg refused to start a statement on a connection it already knew dead: the
     server's goodbye (``terminating connection due to administrator command``) came while the
     connection sat idle, or it is closed. Nothing reached the server."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        exc = exc.orig.__cause__ or exc.orig
+    exc = _driver_error(exc)
     if asyncpg is None:
         return False
     text = str(exc)
@@ -28,16 +27,14 @@ def never_sent(exc: BaseException) -> bool:
 def deadlock_detected(exc: BaseException) -> bool:
     """The server ended the transaction to break a deadlock (SQLSTATE 40P01), whichever
     driver said so (asyncpg's ``sqlstate``, psycopg's ``sqlstate``/``pgcode``)."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        exc = exc.orig.__cause__ or exc.orig
+    exc = _driver_error(exc)
     return (getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)) == "40P01"
 
 
 def connection_lost(exc: BaseException) -> bool:
     """The connection died: a socket error, asyncpg's word for it, or the server's (SQLSTATE
     class 08, or 57P: the server shutting down or ending the session)."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        exc = exc.orig.__cause__ or exc.orig
+    exc = _driver_error(exc)
     if isinstance(exc, OSError | TimeoutError):
         return True
     if asyncpg is not None and isinstance(exc, asyncpg.InterfaceError
@@ -45,6 +42,14 @@ def connection_lost(exc: BaseException) -> bool:
                                           | asyncpg.PostgresConnectionError):
         return True
     return str(getattr(exc, "sqlstate", "") or "").startswith(("08", "57P"))
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    """The driver's own exception under SQLAlchemy's wrapping (asyncpg's under the
+    adapter's, which is its ``__cause__``), or ``exc`` itself."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        return exc.orig.__cause__ or exc.orig
+    return exc
 
 
 def from_driver(exc: BaseException) -> bool:
