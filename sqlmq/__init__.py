@@ -16,6 +16,7 @@ from .errors import (
     PublishOutcomeUnknown,
     SchemaError,
     SqlmqError,
+    UnknownGroup,
 )
 from .lifecycle import AckPolicy, Outcome, State
 from .message import Message
@@ -29,6 +30,7 @@ from .schema import (
     message_table,
     metadata,
 )
+from .topics import TopicGroup, group_queue
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -56,11 +58,14 @@ __all__ = [
     "Settlement",
     "SqlmqError",
     "State",
+    "TopicGroup",
+    "UnknownGroup",
     "archive_table",
     "build_schema",
     "decode",
     "encode",
     "engine_for",
+    "group_queue",
     "message_table",
     "metadata",
     "safe_url",

@@ -6,7 +6,7 @@ subscribers, and start/stop. Which database it runs on is the engine's business
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from sqlalchemy import URL
@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .connect import safe_url
 from .engines import engine_for
 from .engines.contract import Engine, WakeSource
-from .errors import ConfigurationError
+from .errors import ConfigurationError, UnknownGroup
 from .lifecycle import AckPolicy
 from .maintenance import LeaseRecovery
 from .publisher import Publisher
@@ -25,6 +25,7 @@ from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
 from .schema import DEFAULT_PREFIX, Schema, build_schema
 from .subscriber import HandlerAdapter, Subscriber, SubscriberConfig
+from .topics import TopicGroup, subscription
 from .wakeups import Wakeups
 
 DEFAULT_MAX_PAYLOAD = 10 * 1024 * 1024
@@ -96,7 +97,9 @@ class Broker(Publisher):
     # ---- subscribers ---------------------------------------------------------------------
 
     def subscriber(
-        self, queues: str | Sequence[str], *, workers: int = 8, fetch_batch: int = 500,
+        self, queues: str | Sequence[str] | None = None, *,
+        topic: str | Sequence[str] | None = None, group: str | None = None,
+        workers: int = 8, fetch_batch: int = 500,
         prefetch: int | None = None, min_fetch_interval: float = 0.0,
         max_fetch_interval: float = 1.0, flush_interval: float = 0.05, flush_batch: int = 500,
         max_unflushed: int = 10_000, lease: float = 30.0, renew_leases: bool = True,
@@ -105,11 +108,17 @@ class Broker(Publisher):
         retry: RetryStrategy | None = None,
         ack_policy: AckPolicy | str = AckPolicy.NACK_ON_ERROR, graceful_timeout: float = 30.0,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register a handler for one or more queues (a decorator)."""
-        # a lone non-str (7, None) must reach check_queue's clear error, not tuple()'s
-        single = isinstance(queues, str) or not isinstance(queues, Iterable)
+        """Register a handler for one or more queues (a decorator). With ``topic`` (a
+        pattern or several: see :mod:`sqlmq.topics`) and ``group``, it consumes the group's
+        copies of the messages published to the matching topics; the group is made when the
+        broker starts, so register topic subscribers before :meth:`start`."""
+        consumed, groups = subscription(queues, topic, group)
+        if groups and self._started:
+            raise ConfigurationError(
+                "register topic subscribers before start(): their groups are made when the "
+                "broker starts (or await join_group() and subscribe to its queue)")
         config = SubscriberConfig(
-            queues=(queues,) if single else tuple(queues), workers=workers,
+            queues=consumed, groups=groups, workers=workers,
             fetch_batch=fetch_batch, prefetch=prefetch, min_fetch_interval=min_fetch_interval,
             max_fetch_interval=max_fetch_interval, flush_interval=flush_interval,
             flush_batch=flush_batch, max_unflushed=max_unflushed, lease=lease,
@@ -143,6 +152,9 @@ class Broker(Publisher):
         if self._started:
             return
         await self.check_schema()
+        for sub in self._subscribers:
+            for pattern, group in sub.config.groups:
+                await self._engine.join_group(pattern, group)
         self._started = True
         for sub in self._subscribers:
             self._start_one(sub)
@@ -195,6 +207,30 @@ class Broker(Publisher):
         from .worker import run
 
         await run(self, stop)
+
+    # ---- topics --------------------------------------------------------------------------
+
+    async def join_group(self, topic: str, group: str) -> TopicGroup:
+        """Make the consumer ``group`` of ``topic`` (a pattern) if it does not exist: from
+        now on every publish to a matching topic leaves a copy in its queue. Subscribers
+        made with ``topic=`` and ``group=`` join theirs when the broker starts."""
+        return await self._engine.join_group(topic, group)
+
+    async def delete_group(self, topic: str, group: str) -> int:
+        """Delete the consumer ``group`` of ``topic`` and the copies waiting or running in
+        its queue (returns how many; the archive keeps its history). Unknown groups are an
+        :class:`UnknownGroup` error naming the groups that exist."""
+        removed = await self._engine.delete_group(topic, group)
+        if removed is None:
+            known = ", ".join(f"{g.group!r} of {g.pattern!r}"
+                              for g in await self._engine.topic_groups()) or "none"
+            raise UnknownGroup(f"no consumer group {group!r} of topic {topic!r} (groups: "
+                               f"{known})")
+        return removed
+
+    async def groups(self) -> list[TopicGroup]:
+        """Every consumer group of every topic, from the database."""
+        return await self._engine.topic_groups()
 
     # ---- insights ------------------------------------------------------------------------
 

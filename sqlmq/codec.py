@@ -9,6 +9,9 @@ from typing import Any
 from .errors import DecodeError, EncodeError
 
 CONTENT_TYPE = "content-type"
+#: The header each copy of a topic publish carries: the topic it was published to (a
+#: subscriber of ``orders.*`` reads there which one it got; see :mod:`sqlmq.topics`).
+TOPIC_HEADER = "topic"
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; charset=utf-8"
 BYTES_TYPE = "application/octet-stream"

@@ -18,6 +18,10 @@ class SchemaError(SqlmqError):
     """The database schema is missing or older than this version of sqlmq expects."""
 
 
+class UnknownGroup(SqlmqError, LookupError):
+    """A consumer group of a topic that does not exist."""
+
+
 class PublishError(SqlmqError, ValueError):
     """A message that cannot be published as given; nothing was written."""
 

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Generator
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from .codec import CONTENT_TYPE, decode
+from .codec import CONTENT_TYPE, TOPIC_HEADER, decode
 from .errors import AlreadySettled
 from .lifecycle import Decision
 from .records import Delivery
@@ -54,6 +54,11 @@ class Message:
     @property
     def content_type(self) -> str | None:
         return self._delivery.headers.get(CONTENT_TYPE)
+
+    @property
+    def topic(self) -> str | None:
+        """The topic it was published to (None: published to its queue)."""
+        return self._delivery.headers.get(TOPIC_HEADER)
 
     @property
     def body(self) -> Any:

@@ -101,6 +101,11 @@ def _v6(conn: Connection, schema: Schema) -> None:
         index.create(conn)
 
 
+def _v7(conn: Connection, schema: Schema) -> None:
+    """Topics: the consumer group table (see :mod:`sqlmq.topics`)."""
+    schema.metadata.create_all(conn, tables=[schema.topic_group], checkfirst=True)
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -116,7 +121,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
-    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6}
+    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -1,4 +1,5 @@
-"""The broker's publishing half: ``publish``, ``publish_batch`` and their synchronous twins.
+"""The broker's publishing half: ``publish``, ``publish_batch``, their topic counterparts
+(:mod:`sqlmq.topics`) and their synchronous twins.
 
 Every publish is validated and encoded first (:func:`sqlmq.publishing.prepare`), then
 written by the engine, on sqlmq's own connections or in the caller's transaction
@@ -17,10 +18,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from .engines.contract import Engine
+from .errors import ConfigurationError, PublishError
 from .handover import hand_over, idle_runtime
 from .publishing import check_executor, prepare
 from .records import NewMessages
 from .runtime import SubscriberRuntime
+from .topics import TOPIC_HEADER, check_topic
 from .wakeups import Wakeups
 
 #: When a message expires: seconds or a timedelta from the database's now, or a moment.
@@ -106,6 +109,85 @@ class Publisher:
         ids = self._engine.publish_sync(messages, connection)
         self._wakeups.wake_when_visible(queue, connection)
         return ids
+
+    async def publish_topic(
+        self, topic: str, body: Any, *, headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None, at: datetime | None = None,
+        priority: int = 0, expires: Expiry | None = None, dedup_key: str | None = None,
+        connection: AsyncConnection | AsyncSession | None = None,
+    ) -> dict[str, int]:
+        """Publish one message to ``topic``: a copy into the queue of every consumer group
+        whose pattern matches it (see :mod:`sqlmq.topics`), all in one transaction (the
+        caller's, with ``connection``). Returns each copy's id by its group's queue; no
+        group, no copy: ``{}``. Each copy carries the header ``topic``. The options are
+        :meth:`publish`'s, per copy (``dedup_key`` is checked in each group's queue)."""
+        fanout = await self.publish_topic_batch(
+            topic, [body], headers=headers, delay=delay, at=at, priority=priority,
+            expires=expires, dedup_keys=None if dedup_key is None else [dedup_key],
+            connection=connection)
+        return {queue: ids[0] for queue, ids in fanout.items()}
+
+    async def publish_topic_batch(
+        self, topic: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None, at: datetime | None = None,
+        priority: int = 0, expires: Expiry | None = None,
+        dedup_keys: Sequence[str | None] | None = None,
+        connection: AsyncConnection | AsyncSession | None = None,
+    ) -> dict[str, list[int]]:
+        """Publish many messages to ``topic`` at once: per group's queue, the ids of its
+        copies in order."""
+        messages = self._prepare_topic(topic, bodies, headers, delay, at, priority, expires,
+                                       dedup_keys)
+        if not messages:
+            return {}
+        check_executor(connection, asynchronous=True)
+        fanout = await self._engine.publish_topic(topic, messages, connection)
+        for queue in fanout:
+            self._wakeups.wake_when_visible(queue, connection)
+        return fanout
+
+    def publish_topic_sync(
+        self, topic: str, body: Any, *, headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None, at: datetime | None = None,
+        priority: int = 0, expires: Expiry | None = None, dedup_key: str | None = None,
+        connection: Connection | Session | None = None,
+    ) -> dict[str, int]:
+        """The synchronous twin of :meth:`publish_topic`."""
+        fanout = self.publish_topic_batch_sync(
+            topic, [body], headers=headers, delay=delay, at=at, priority=priority,
+            expires=expires, dedup_keys=None if dedup_key is None else [dedup_key],
+            connection=connection)
+        return {queue: ids[0] for queue, ids in fanout.items()}
+
+    def publish_topic_batch_sync(
+        self, topic: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None, at: datetime | None = None,
+        priority: int = 0, expires: Expiry | None = None,
+        dedup_keys: Sequence[str | None] | None = None,
+        connection: Connection | Session | None = None,
+    ) -> dict[str, list[int]]:
+        """The synchronous twin of :meth:`publish_topic_batch`."""
+        messages = self._prepare_topic(topic, bodies, headers, delay, at, priority, expires,
+                                       dedup_keys)
+        if not messages:
+            return {}
+        check_executor(connection, asynchronous=False)
+        fanout = self._engine.publish_topic_sync(topic, messages, connection)
+        for queue in fanout:
+            self._wakeups.wake_when_visible(queue, connection)
+        return fanout
+
+    def _prepare_topic(self, topic: str, bodies: Iterable[Any],
+                       headers: Mapping[str, str] | None, delay: float | timedelta | None,
+                       at: datetime | None, priority: int, expires: Expiry | None,
+                       dedup_keys: Sequence[str | None] | None) -> NewMessages:
+        try:
+            check_topic(topic)
+        except ConfigurationError as exc:
+            raise PublishError(str(exc)) from None
+        if headers is None or isinstance(headers, Mapping):  # else _prepare names the error
+            headers = {**(headers or {}), TOPIC_HEADER: topic}
+        return self._prepare(topic, bodies, headers, delay, at, priority, expires, dedup_keys)
 
     def _prepare(self, queue: str, bodies: Iterable[Any], headers: Mapping[str, str] | None,
                  delay: float | timedelta | None, at: datetime | None, priority: int,

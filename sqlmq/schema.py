@@ -41,7 +41,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -196,6 +196,8 @@ class Schema:
     spark_lease: Table
     spark_staging: Table
     spark_sink_batch: Table
+    #: Consumer groups of topics (schema version 7; see :mod:`sqlmq.topics`).
+    topic_group: Table
 
     @property
     def names(self) -> dict[str, str]:
@@ -278,7 +280,21 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("version", Integer, primary_key=True, autoincrement=False),
         Column("applied_at", UTCDateTime(), nullable=False),
     )
-    return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md))
+    return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md),
+                  _topic_group(prefix, md))
+
+
+def _topic_group(prefix: str, md: MetaData) -> Table:
+    """A row per consumer group (see :mod:`sqlmq.topics`): the pattern it subscribes to,
+    its name, the queue its copies go to (named after both: the key), when it was made."""
+    return Table(
+        f"{prefix}topic_group",
+        md,
+        Column("queue", QueueName(), primary_key=True),
+        Column("pattern", QueueName(), nullable=False),
+        Column("group_name", QueueName(), nullable=False),
+        Column("created_at", UTCDateTime(), nullable=False),
+    )
 
 
 def _spark_tables(prefix: str, md: MetaData) -> tuple[Table, Table, Table, Table]:

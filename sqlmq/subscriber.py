@@ -50,6 +50,8 @@ class SubscriberConfig:
     """The knobs of one subscriber. Times are in seconds."""
 
     queues: tuple[str, ...]
+    #: The consumer groups it joins, as (pattern, group): their queues are among ``queues``.
+    groups: tuple[tuple[str, str], ...] = ()
     workers: int = 8
     fetch_batch: int = 500  # the most one acquire asks for (see runtime.fetcher.FetchSize)
     prefetch: int | None = None  # buffered, unstarted messages; default 2 × fetch_batch
@@ -71,7 +73,8 @@ class SubscriberConfig:
 
     def __post_init__(self) -> None:
         if not self.queues:
-            raise ConfigurationError("a subscriber needs at least one queue")
+            raise ConfigurationError("a subscriber needs at least one queue (or topic= and "
+                                     "group=)")
         self.queues = tuple(check_queue(q) for q in self.queues)
         for name in ("workers", "fetch_batch", "flush_batch", "max_unflushed"):
             if getattr(self, name) < 1:

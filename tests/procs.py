@@ -28,18 +28,23 @@ ENV_QUEUE = "SQLMQ_PROCS_QUEUE"
 ENV_OUT = "SQLMQ_PROCS_OUT"
 ENV_SLEEP = "SQLMQ_PROCS_SLEEP"  # seconds each handler call takes
 ENV_LEASE = "SQLMQ_PROCS_LEASE"  # the subscriber's lease, seconds
+ENV_GROUP = "SQLMQ_PROCS_GROUP"  # set: the queue is a topic pattern, consumed as this group
 
 
 def build_broker(
-    url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0
+    url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
+    group: str | None = None,
 ) -> Broker:
-    """A broker with one subscriber that records every id it handled in ``out``."""
+    """A broker with one subscriber that records every id it handled in ``out``; with
+    ``group``, a subscriber of the topic pattern ``queue`` in that consumer group."""
     broker = Broker(url, table_prefix=prefix, recovery_interval=0.5)
     sink: IO[str] = open(out, "a", buffering=1)
 
     # A short idle poll so that an idle process notices new work quickly: other processes'
     # publishes do not wake it.
-    @broker.subscriber(queue, max_fetch_interval=0.2, graceful_timeout=30.0, lease=lease)
+    consumes: dict[str, str] = {"topic": queue, "group": group} if group else {"queues": queue}
+
+    @broker.subscriber(**consumes, max_fetch_interval=0.2, graceful_timeout=30.0, lease=lease)
     async def record(msg: Message) -> None:
         if sleep:
             await asyncio.sleep(sleep)
@@ -54,7 +59,7 @@ def _broker_from_env() -> Broker | None:
     return build_broker(
         os.environ[ENV_URL], os.environ[ENV_PREFIX], os.environ[ENV_QUEUE],
         Path(os.environ[ENV_OUT]), float(os.environ.get(ENV_SLEEP, "0")),
-        float(os.environ.get(ENV_LEASE, "30")),
+        float(os.environ.get(ENV_LEASE, "30")), os.environ.get(ENV_GROUP) or None,
     )
 
 
@@ -86,25 +91,27 @@ async def _main() -> None:
 
 
 def worker_env(
-    url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0
+    url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
+    group: str | None = None,
 ) -> dict[str, str]:
     return {
         **os.environ,
         ENV_URL: url, ENV_PREFIX: prefix, ENV_QUEUE: queue, ENV_OUT: str(out),
-        ENV_SLEEP: str(sleep), ENV_LEASE: str(lease), "PYTHONPATH": str(ROOT),
+        ENV_SLEEP: str(sleep), ENV_LEASE: str(lease), ENV_GROUP: group or "",
+        "PYTHONPATH": str(ROOT),
     }
 
 
 def spawn_worker(
     url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
-    command: list[str] | None = None,
+    command: list[str] | None = None, group: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a worker process; its stderr goes to ``out`` + ``.log`` for post-mortems."""
     log = open(out.with_name(out.name + ".log"), "ab")
     try:
         return subprocess.Popen(
             command or [sys.executable, "-m", "tests.procs"],
-            cwd=ROOT, env=worker_env(url, prefix, queue, out, sleep, lease),
+            cwd=ROOT, env=worker_env(url, prefix, queue, out, sleep, lease, group),
             stdout=log, stderr=subprocess.STDOUT,
         )
     finally:

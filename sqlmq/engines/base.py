@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any, NoReturn
 
 from sqlalchemy import URL, insert, literal
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -35,7 +35,8 @@ from ..records import Delivery, NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
 from ..sqltime import db_now_plus
 from .contract import WakeSource
-from .core_publish import KEYED_TRIES, publish_flow, run_flow, run_flow_sync
+from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sync
+from .core_topics import TopicGroups
 from .sql import names_for
 
 log = logging.getLogger("sqlmq")
@@ -174,7 +175,7 @@ async def discard(conn: AsyncConnection) -> None:
         await conn.close()
 
 
-class SqlEngine(KeptConnections):
+class SqlEngine(TopicGroups, KeptConnections):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 
@@ -265,33 +266,49 @@ class SqlEngine(KeptConnections):
                             executor: AsyncConnection | AsyncSession | None) -> list[int]:
         """Insert ``messages`` in ``executor``'s transaction, or in one of sqlmq's own (see
         :mod:`.core_publish`)."""
+        return await self._run_core(  # type: ignore[no-any-return]
+            lambda dialect: publish_flow(self.schema.message, dialect, messages,
+                                         self._wake_statement(messages)),
+            messages, executor)
+
+    def publish_sync(self, messages: NewMessages,
+                     executor: Connection | Session | None = None) -> list[int]:
+        return self._run_core_sync(  # type: ignore[no-any-return]
+            lambda dialect: publish_flow(self.schema.message, dialect, messages,
+                                         self._wake_statement(messages)),
+            messages, executor)
+
+    async def _run_core(self, make_flow: Callable[[Dialect], Flow], messages: NewMessages,
+                        executor: AsyncConnection | AsyncSession | None) -> Any:
+        """Run the flow ``make_flow`` gives for the connection's dialect, publishing
+        ``messages``, in ``executor``'s transaction or in one of sqlmq's own (run again if
+        the database picks it as a deadlock's victim: :meth:`_run_again`)."""
         if executor is None:
             for tries in range(1, KEYED_TRIES + 1):
                 try:
                     async with self.db.begin() as conn:
-                        return await self._publish_core(messages, conn)
+                        return await run_flow(conn, make_flow(conn.dialect))
                 except DBAPIError as exc:
                     if not self._run_again(messages, exc, tries):
                         raise
         if isinstance(executor, AsyncSession):
             executor = await executor.connection()
-        return await run_flow(executor, publish_flow(
-            self.schema.message, executor.dialect, messages, self._wake_statement(messages)))
+        return await run_flow(executor, make_flow(executor.dialect))
 
-    def publish_sync(self, messages: NewMessages,
-                     executor: Connection | Session | None = None) -> list[int]:
+    def _run_core_sync(self, make_flow: Callable[[Dialect], Flow], messages: NewMessages,
+                       executor: Connection | Session | None) -> Any:
+        """The same on a synchronous connection."""
         if executor is None:
             for tries in range(1, KEYED_TRIES + 1):
                 try:
                     with self.sync_db.begin() as conn:
-                        return self.publish_sync(messages, conn)
+                        return run_flow_sync(conn, make_flow(conn.dialect))
                 except DBAPIError as exc:
                     if not self._run_again(messages, exc, tries):
                         raise
         if isinstance(executor, Session):
             executor = executor.connection()
-        return run_flow_sync(executor, publish_flow(
-            self.schema.message, executor.dialect, messages, self._wake_statement(messages)))
+        return run_flow_sync(executor, make_flow(executor.dialect))
 
     def _run_again(self, messages: NewMessages, exc: DBAPIError, tries: int) -> bool:
         """Whether a publish in sqlmq's own transaction that failed with ``exc`` runs again:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from ..lifecycle import State
 from ..records import Delivery, NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
+from ..topics import TopicGroup
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -68,6 +69,36 @@ class Engine(Protocol):
     async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
         """Insert ``message`` already acquired (its first delivery, leased for ``lease``
         seconds): the row an acquire would have left. Only where ``hands_over``."""
+        ...
+
+    # ---- topics (see :mod:`sqlmq.topics`) ----------------------------------------------------
+
+    async def publish_topic(
+        self, topic: str, messages: NewMessages,
+        executor: AsyncConnection | AsyncSession | None = None,
+    ) -> dict[str, list[int]]:
+        """Publish a copy of ``messages`` (their ``queue`` is ignored) into the queue of
+        each consumer group whose pattern matches ``topic``, in one transaction (sqlmq's
+        own or ``executor``'s); per queue, the copies' ids in order. No group: nothing."""
+        ...
+
+    def publish_topic_sync(
+        self, topic: str, messages: NewMessages, executor: Connection | Session | None = None,
+    ) -> dict[str, list[int]]:
+        """The same, for code without an event loop."""
+        ...
+
+    async def join_group(self, pattern: str, group: str) -> TopicGroup:
+        """Make the consumer group (if it does not exist yet) and return it."""
+        ...
+
+    async def delete_group(self, pattern: str, group: str) -> int | None:
+        """Delete the group and the messages waiting or running in its queue (how many);
+        None if there was no such group."""
+        ...
+
+    async def topic_groups(self) -> list[TopicGroup]:
+        """Every consumer group, by pattern then name."""
         ...
 
     # ---- consuming -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import heapq
 import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,6 +41,7 @@ from ..records import (
     expiry_from,
 )
 from ..schema import SCHEMA_VERSION, Schema
+from ..topics import TopicGroup, group_queue, queues_for
 
 Clock = Callable[[], datetime]
 
@@ -118,6 +119,8 @@ class MemoryStore:
     #: transaction not yet ended (the SQL engines' unique index, which makes a second
     #: publisher wait for that transaction; here it is told at once)
     keys: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: The consumer groups of topics, by queue.
+    groups: dict[str, TopicGroup] = field(default_factory=dict)
 
     def new_rows(self, messages: NewMessages, now: datetime) -> tuple[list[Row], list[int]]:
         """Rows for ``messages`` with their ids taken (in order), not yet visible, and the
@@ -157,6 +160,14 @@ class MemoryStore:
         for row in rows:
             self.rows[row.id] = row
             self.by_queue.setdefault(row.queue, {})[row.id] = row
+
+    def drop_queue(self, queue: str) -> int:
+        """Delete the messages of ``queue`` (a deleted group's): how many."""
+        rows = list(self.by_queue.pop(queue, {}).values())
+        for row in rows:
+            del self.rows[row.id]
+        self.free_keys(rows)
+        return len(rows)
 
     def _remove(self, row: Row) -> None:
         del self.rows[row.id]
@@ -370,16 +381,44 @@ class MemoryEngine:
         """With ``executor``, the ids are taken now and the messages appear when the
         caller's transaction commits (and never, if it rolls back), as rows inserted in it
         would. Unlike rows, they are not taken back by rolling back a savepoint."""
+        return self._publish(lambda: [messages], executor)[0]
+
+    async def publish_topic(self, topic: str, messages: NewMessages,
+                            executor: AsyncConnection | AsyncSession | None = None,
+                            ) -> dict[str, list[int]]:
+        if isinstance(executor, AsyncConnection) and not executor.in_transaction():
+            await executor.begin()
+        return self.publish_topic_sync(topic, messages, executor)
+
+    def publish_topic_sync(self, topic: str, messages: NewMessages,
+                           executor: Connection | Session | AsyncConnection | AsyncSession
+                           | None = None) -> dict[str, list[int]]:
+        """A copy of ``messages`` per group whose pattern matches ``topic``, all at once."""
+        queues: list[str] = []
+
+        def copies() -> list[NewMessages]:  # read under the lock, with the groups
+            groups = self._store.groups.values()
+            queues.extend(queues_for(topic, [(g.pattern, g.queue) for g in groups]))
+            return [replace(messages, queue=q) for q in queues]
+
+        return dict(zip(queues, self._publish(copies, executor), strict=True))
+
+    def _publish(self, batches: Callable[[], list[NewMessages]],
+                 executor: Connection | Session | AsyncConnection | AsyncSession | None,
+                 ) -> list[list[int]]:
+        """Publish what ``batches()`` (called under the lock) returns, all in one go."""
         target = None if executor is None else _transaction_owner(executor)
         with self._lock:
-            rows, ids = self._store.new_rows(messages, self._now())
+            now = self._now()
+            made = [self._store.new_rows(b, now) for b in batches()]
+            rows = [row for new, _ in made for row in new]
             if target is None:
                 self._store.add(rows)
                 self._writes += 1
         if target is not None:  # a key of its own
             on_commit(target, object(), lambda: self._commit(rows),
                       lambda: self._rolled_back(rows))
-        return ids
+        return [ids for _, ids in made]
 
     def _commit(self, rows: list[Row]) -> None:
         with self._lock:
@@ -400,6 +439,28 @@ class MemoryEngine:
             self._store.add([row])
             self._writes += 1
             return _delivery(row, now)
+
+    # ---- topics -------------------------------------------------------------------------
+
+    async def join_group(self, pattern: str, group: str) -> TopicGroup:
+        queue = group_queue(pattern, group)
+        with self._lock:
+            found = self._store.groups.get(queue)
+            if found is None:
+                found = self._store.groups[queue] = TopicGroup(pattern, group, queue,
+                                                                 self._now())
+            return found
+
+    async def delete_group(self, pattern: str, group: str) -> int | None:
+        queue = group_queue(pattern, group)
+        with self._lock:
+            if self._store.groups.pop(queue, None) is None:
+                return None
+            return self._store.drop_queue(queue)
+
+    async def topic_groups(self) -> list[TopicGroup]:
+        with self._lock:
+            return sorted(self._store.groups.values(), key=lambda g: (g.pattern, g.group))
 
     # ---- consuming ----------------------------------------------------------------------
 
