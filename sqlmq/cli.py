@@ -72,7 +72,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("publish", help="publish one message")
     _url_arg(p)
-    p.add_argument("queue")
+    p.add_argument("queue", help="the queue (with --topic: the topic)")
+    p.add_argument("--topic", action="store_true",
+                   help="publish to the topic QUEUE: a copy per consumer group it reaches")
     p.add_argument("body", help="message body: JSON, or any text with --text")
     p.add_argument("--text", action="store_true", help="send the body as text/plain, not JSON")
     p.add_argument("--header", action="append", default=[], metavar="KEY=VALUE")
@@ -81,6 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("queues", help="message counts per queue and state")
     _url_arg(p)
     p.add_argument("--json", action="store_true")
+
+    groups = sub.add_parser("groups", help="list or delete the consumer groups of topics")
+    gsub = groups.add_subparsers(dest="groups_command", required=True)
+    p = gsub.add_parser("list")
+    _url_arg(p)
+    p.add_argument("--json", action="store_true")
+    p = gsub.add_parser("delete", help="delete a group and the copies in its queue")
+    _url_arg(p)
+    p.add_argument("pattern")
+    p.add_argument("group")
 
     dlq = sub.add_parser("dlq", help="inspect, requeue or purge FAILED (dead-lettered) messages")
     dsub = dlq.add_subparsers(dest="dlq_command", required=True)
@@ -193,8 +205,30 @@ async def _publish(broker: Broker, args: argparse.Namespace) -> int:
             raise UsageError(f"--header takes KEY=VALUE, got {item!r}")
         headers[key] = value
     await broker.check_schema()
+    if args.topic:
+        fanout = await broker.publish_topic(args.queue, body, headers=headers,
+                                            delay=args.delay)
+        print(json.dumps(fanout))  # {group queue: id}; {} when no group matched
+        return 0
     msg_id = await broker.publish(args.queue, body, headers=headers, delay=args.delay)
     print(msg_id)
+    return 0
+
+
+async def _groups(broker: Broker, args: argparse.Namespace) -> int:
+    await broker.check_schema()
+    if args.groups_command == "delete":
+        removed = await broker.delete_group(args.pattern, args.group)
+        print(f"deleted group {args.group!r} of {args.pattern!r} and {removed} message(s) "
+              f"in its queue")
+        return 0
+    found = await broker.groups()
+    if args.json:
+        print(json.dumps([{"pattern": g.pattern, "group": g.group, "queue": g.queue,
+                           "created_at": g.created_at.isoformat()} for g in found]))
+        return 0
+    for g in found:
+        print(f"{g.pattern}\t{g.group}\t{g.queue}\t{g.created_at.isoformat(timespec='seconds')}")
     return 0
 
 
@@ -342,7 +376,8 @@ async def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"migrate": _migrate, "publish": _publish, "queues": _queues, "dlq": _dlq}
+_COMMANDS = {"migrate": _migrate, "publish": _publish, "queues": _queues, "dlq": _dlq,
+             "groups": _groups}
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -93,6 +93,39 @@ async def test_publish_queues_and_dlq_commands(db_url: str, prefix: str, cli_tab
         await broker.close()
 
 
+async def test_groups_and_topic_publish_commands(db_url: str, prefix: str,
+                                                 cli_tables: None) -> None:
+    await arun("migrate", "--url", db_url, "--prefix", prefix)
+    broker = Broker(db_url, table_prefix=prefix)
+    try:
+        await broker.join_group("orders.*", "billing")
+        await broker.join_group("#", "audit")
+        out = await arun("publish", "--url", db_url, "--prefix", prefix, "--topic",
+                         "orders.created", '{"id": 7}')
+        fanout = json.loads(out.stdout)
+        assert sorted(fanout) == ["audit@#", "billing@orders.*"]
+        listed = json.loads((await arun("groups", "list", "--url", db_url, "--prefix", prefix,
+                                         "--json")).stdout)
+        assert [(g["pattern"], g["group"], g["queue"]) for g in listed] == [
+            ("#", "audit", "audit@#"), ("orders.*", "billing", "billing@orders.*")]
+        plain = (await arun("groups", "list", "--url", db_url, "--prefix", prefix)).stdout
+        assert plain.splitlines()[1].startswith("orders.*\tbilling\tbilling@orders.*\t")
+        gone = await arun("groups", "delete", "--url", db_url, "--prefix", prefix,
+                          "orders.*", "billing")
+        assert "and 1 message(s)" in gone.stdout
+        assert [r["queue"] for r in await rows(broker, "message")] == ["audit@#"]
+        again = await asyncio.to_thread(run_cli, "groups", "delete", "--url", db_url,
+                                        "--prefix", prefix, "orders.*", "billing")
+        assert again.returncode == 1 and again.stdout == ""
+        assert again.stderr.strip() == ("sqlmq: error: no consumer group 'billing' of topic "
+                                        "'orders.*' (groups: 'audit' of '#')")
+        bad = await asyncio.to_thread(run_cli, "publish", "--url", db_url, "--prefix", prefix,
+                                      "--topic", "a.*", "1")
+        assert bad.returncode == 2 and "wildcard" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        await broker.close()
+
+
 def test_requeue_without_a_filter_is_refused(db_url: str, prefix: str, cli_tables: None) -> None:
     run("migrate", "--url", db_url, "--prefix", prefix)
     proc = run("dlq", "requeue", "--url", db_url, "--prefix", prefix, check=False)

@@ -126,7 +126,8 @@ async def test_snippet_runs(snippet: Snippet, db_url: str, prefix: str, tmp_path
     user_tables.create_all(sync_engine)
     namespace: dict[str, Any] = {"__name__": "docs_snippet", "broker": broker, "Order": order,
                                  "engine": engine, "sync_engine": sync_engine}
-    interrupt = asyncio.create_task(_interrupt_when_running(namespace))
+    interrupt = asyncio.create_task(_interrupt_when_running(namespace)
+                                    if "broker.run()" in snippet.code else asyncio.sleep(0))
     try:
         await execute(snippet, code, namespace)
         await check(snippet, namespace)
@@ -149,6 +150,11 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
         assert len(bodies) == 2 and all(isinstance(b["id"], int) for b in bodies), bodies
     elif 'publish_batch("orders", [{"id": i}' in snippet.code:  # README's Publishing
         assert len(await rows(broker, "message")) == 1005
+    elif 'publish_topic("orders.created"' in snippet.code:  # README's topics: a copy each
+        assert sorted(g.queue for g in await broker.groups()) == ["audit@orders.#",
+                                                                  "billing@orders.*"]
+        copies = await rows(broker, "message") + await rows(broker, "archive")
+        assert sorted(r["queue"] for r in copies) == ["audit@orders.#", "billing@orders.*"]
     elif "ack_policy=" in snippet.code:
         (sub,) = broker.subscribers
         assert sub.queues == ("orders", "refunds")
