@@ -64,11 +64,7 @@ async def drain_sqlmq(db: str, n: int, options: dict[str, Any] | None = None,
             pass
 
         profiler = _profiler(profile)
-        start = time.perf_counter()
-        await broker.start()
-        while sum(r.counters.completed for r in broker.runtimes) < n:
-            await asyncio.sleep(0.002)
-        elapsed = time.perf_counter() - start
+        elapsed = await until_completed(broker, n)
         if profiler is not None:
             profiler.stop()
             print(profiler.output_text(unicode=False, color=False, show_all=False))
@@ -80,6 +76,16 @@ async def drain_sqlmq(db: str, n: int, options: dict[str, Any] | None = None,
     finally:
         await broker.close()
         drop_tables(url_for(db))
+
+
+async def until_completed(broker: Broker, n: int) -> float:
+    """Start ``broker`` and return the seconds until its subscribers completed ``n``
+    messages (still running: the caller stops it)."""
+    start = time.perf_counter()
+    await broker.start()
+    while sum(r.counters.completed for r in broker.runtimes) < n:
+        await asyncio.sleep(0.002)
+    return time.perf_counter() - start
 
 
 def _profiler(kind: str | None) -> Any:

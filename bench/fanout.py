@@ -35,7 +35,7 @@ from .common import (
     table,
     url_for,
 )
-from .drain import SQLMQ_DRAIN, analyze
+from .drain import SQLMQ_DRAIN, analyze, until_completed
 
 GROUPS = 10
 TOPIC = "bench.created"
@@ -44,11 +44,7 @@ CHUNK = 1000
 
 async def _drain(broker: Broker, copies: int) -> float:
     """Seconds from start() until the subscribers completed ``copies`` messages."""
-    start = time.perf_counter()
-    await broker.start()
-    while sum(r.counters.completed for r in broker.runtimes) < copies:
-        await asyncio.sleep(0.002)
-    elapsed = time.perf_counter() - start
+    elapsed = await until_completed(broker, copies)
     await broker.stop()
     return elapsed
 

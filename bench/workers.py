@@ -9,11 +9,10 @@ same rounds for the "defaults versus best" comparison.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from .common import PAYLOAD, QUEUE, drop_tables, fresh_broker, url_for
-from .drain import SQLMQ_DRAIN, archived, preload
+from .drain import SQLMQ_DRAIN, archived, preload, until_completed
 
 #: The other candidate for the best configuration: batches twice the default ceiling.
 BIG_BATCHES = {"workers": 8, "fetch_batch": 1000, "prefetch": 3000, "flush_batch": 2000,
@@ -35,11 +34,7 @@ async def drain_with(db: str, n: int, options: dict[str, Any], sleep: float) -> 
             if sleep:
                 await asyncio.sleep(sleep)
 
-        start = time.perf_counter()
-        await broker.start()
-        while sum(r.counters.completed for r in broker.runtimes) < n:
-            await asyncio.sleep(0.002)
-        elapsed = time.perf_counter() - start
+        elapsed = await until_completed(broker, n)
         await broker.stop()
         got = await archived(broker)
         if got != n:

@@ -48,12 +48,16 @@ class TopicGroup:
     created_at: datetime
 
 
-def _words(what: str, name: Any) -> list[str]:
+def _checked(what: str, name: Any) -> str:
+    """``check_queue``'s checks, its error naming ``what`` instead of a queue name."""
     try:
-        check_queue(name)
+        return check_queue(name)
     except ConfigurationError as exc:
-        raise ConfigurationError(str(exc).replace("queue name", f"{what}", 1)) from None
-    words = name.split(".")
+        raise ConfigurationError(str(exc).replace("queue name", what, 1)) from None
+
+
+def _words(what: str, name: Any) -> list[str]:
+    words = _checked(what, name).split(".")
     if any(not w for w in words):
         raise ConfigurationError(
             f"{what} {name!r} has an empty word: words are separated by single dots")
@@ -83,10 +87,7 @@ def check_pattern(pattern: Any) -> str:
 def group_queue(pattern: str, group: str) -> str:
     """The queue holding ``group``'s copies of the topics ``pattern`` matches, checked."""
     check_pattern(pattern)
-    try:
-        check_queue(group)
-    except ConfigurationError as exc:
-        raise ConfigurationError(str(exc).replace("queue name", "group name", 1)) from None
+    _checked("group name", group)
     if GROUP_SEPARATOR in group:
         raise ConfigurationError(
             f"group name {group!r} must not contain {GROUP_SEPARATOR!r} (its queue is "

@@ -371,8 +371,7 @@ class MemoryEngine:
 
     async def publish(self, messages: NewMessages,
                       executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
-        if isinstance(executor, AsyncConnection) and not executor.in_transaction():
-            await executor.begin()  # what the INSERT would do; the begin may need the loop
+        await _begin(executor)
         return self.publish_sync(messages, executor)
 
     def publish_sync(self, messages: NewMessages,
@@ -386,8 +385,7 @@ class MemoryEngine:
     async def publish_topic(self, topic: str, messages: NewMessages,
                             executor: AsyncConnection | AsyncSession | None = None,
                             ) -> dict[str, list[int]]:
-        if isinstance(executor, AsyncConnection) and not executor.in_transaction():
-            await executor.begin()
+        await _begin(executor)
         return self.publish_topic_sync(topic, messages, executor)
 
     def publish_topic_sync(self, topic: str, messages: NewMessages,
@@ -535,6 +533,13 @@ class MemoryEngine:
 
 
 # ---- the caller's transaction ---------------------------------------------------------------
+
+async def _begin(executor: Any) -> None:
+    """Begin the caller's AsyncConnection if it is not in a transaction, as an INSERT on it
+    would: the begin may need the event loop, which the synchronous half cannot use."""
+    if isinstance(executor, AsyncConnection) and not executor.in_transaction():
+        await executor.begin()
+
 
 def _transaction_owner(executor: Any) -> Connection | Session:
     """The sync object whose events tell the commit, in a transaction by now: a row
