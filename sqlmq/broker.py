@@ -107,11 +107,14 @@ class Broker(Publisher):
         max_deliveries: int | Literal["auto"] | None = "auto",
         retry: RetryStrategy | None = None,
         ack_policy: AckPolicy | str = AckPolicy.NACK_ON_ERROR, graceful_timeout: float = 30.0,
+        publish_to: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a handler for one or more queues (a decorator). With ``topic`` (a
         pattern or several: see :mod:`sqlmq.topics`) and ``group``, it consumes the group's
         copies of the messages published to the matching topics; the group is made when the
-        broker starts, so register topic subscribers before :meth:`start`."""
+        broker starts, so register topic subscribers before :meth:`start`. With
+        ``publish_to``, the handler's return value is published to that queue in the
+        transaction that archives its message (see :mod:`sqlmq.pipeline`)."""
         consumed, groups = subscription(queues, topic, group)
         if groups and self._started:
             raise ConfigurationError(
@@ -127,6 +130,7 @@ class Broker(Publisher):
                                else recovery_interval),
             retry=retry if retry is not None else Retry.exponential(),
             ack_policy=AckPolicy(ack_policy), graceful_timeout=graceful_timeout,
+            publish_to=publish_to, max_payload_bytes=self.max_payload_bytes,
         )
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:

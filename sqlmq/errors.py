@@ -34,6 +34,11 @@ class PayloadTooLarge(PublishError):
     """A payload above the broker's ``max_payload_bytes``."""
 
 
+class PipelineError(PublishError):
+    """A pipeline step's return value that cannot be published onward (one its codec cannot
+    encode, or too large): the step fails as if its handler had raised this."""
+
+
 class DecodeError(SqlmqError):
     """A payload that cannot be decoded into what the handler asks for."""
 

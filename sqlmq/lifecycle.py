@@ -24,9 +24,12 @@ import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum, StrEnum
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .retry import RetryStrategy, delay_seconds
+
+if TYPE_CHECKING:
+    from .new_messages import NewMessages
 
 
 class State(StrEnum):
@@ -161,6 +164,10 @@ class Settlement:
     refund: bool = False  # for RELEASE: the delivery never started, give it back
     attempted: bool = True  # the handler ran: counts as an attempt
     history: list[dict[str, Any]] | None = None  # the new history, when it changed
+    #: What a pipeline step publishes onward (its handler's return value, encoded): written
+    #: in the settle's transaction, and only if this settlement lands (see
+    #: :mod:`sqlmq.pipeline`). The runtime sets it on a COMPLETE settlement only.
+    outputs: NewMessages | None = None
 
 
 def decide(d: Delivered, policy: Policy, error: BaseException | None = None,

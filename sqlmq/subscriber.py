@@ -70,12 +70,22 @@ class SubscriberConfig:
     retry: RetryStrategy = field(default_factory=Retry.exponential)
     ack_policy: AckPolicy = AckPolicy.NACK_ON_ERROR
     graceful_timeout: float = 30.0
+    #: The queue a pipeline step publishes its handler's return value to, in the settle's
+    #: transaction (see :mod:`sqlmq.pipeline`); None: the return value is ignored.
+    publish_to: str | None = None
+    #: The broker's limit, which the return values published onward are held to.
+    max_payload_bytes: int = 10 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not self.queues:
             raise ConfigurationError("a subscriber needs at least one queue (or topic= and "
                                      "group=)")
         self.queues = tuple(check_queue(q) for q in self.queues)
+        if self.publish_to is not None:
+            try:
+                check_queue(self.publish_to)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"publish_to: {exc}") from None
         for name in ("workers", "fetch_batch", "flush_batch", "max_unflushed"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be at least 1")

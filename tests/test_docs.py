@@ -155,6 +155,10 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
                                                                   "billing@orders.*"]
         copies = await rows(broker, "message") + await rows(broker, "archive")
         assert sorted(r["queue"] for r in copies) == ["audit@orders.#", "billing@orders.*"]
+    elif "invoices.append(invoice)" in snippet.code:  # README's pipeline: one invoice
+        assert namespace["invoices"] == [{"order": 1, "due": 12.0}]
+        states = sorted(r["state"] for r in await rows(broker, "archive", queue="orders"))
+        assert states == ["COMPLETED", "COMPLETED"]
     elif "ack_policy=" in snippet.code:
         (sub,) = broker.subscribers
         assert sub.queues == ("orders", "refunds")

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from sqlmq.new_messages import joined
 from sqlmq.publishing import prepare
 from sqlmq.records import NewMessage, NewMessages
 
@@ -46,3 +47,19 @@ def test_prepare_shares_one_headers_dict_per_content_type() -> None:
     first, text, third, data = batch.headers
     assert first is third and first is not text and data is not first
     assert first == {"h": "v", "content-type": "application/octet-stream"}
+
+
+def test_joined_makes_one_batch_of_those_that_share_queue_schedule_and_priority() -> None:
+    a = NewMessages("out", [b"1"], [{}])
+    b = NewMessages("out", [b"2", b"3"], [{"h": "x"}, {}], dedup_keys=[None, "k3"])
+    other_queue = NewMessages("else", [b"4"], [{}])
+    later = NewMessages("out", [b"5"], [{}], delay=5.0)
+    c = NewMessages("out", [b"6"], [{}])
+    out, elsewhere, delayed = joined([a, b, other_queue, later, c])
+    assert (out.queue, out.payloads, out.dedup_keys) == (
+        "out", [b"1", b"2", b"3", b"6"], [None, None, "k3", None])
+    assert out.headers == [{}, {"h": "x"}, {}, {}]
+    assert (elsewhere.payloads, delayed.payloads, delayed.delay) == ([b"4"], [b"5"], 5.0)
+    assert a.payloads == [b"1"] and a.dedup_keys is None  # the batches given are not changed
+    assert joined([a, c])[0].dedup_keys is None
+    assert joined([]) == []

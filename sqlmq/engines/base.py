@@ -37,6 +37,7 @@ from ..sqltime import db_now_plus
 from .contract import WakeSource
 from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sync
 from .core_topics import TopicGroups
+from .settle_onward import OnwardSettle
 from .sql import names_for
 
 log = logging.getLogger("sqlmq")
@@ -175,7 +176,7 @@ async def discard(conn: AsyncConnection) -> None:
         await conn.close()
 
 
-class SqlEngine(TopicGroups, KeptConnections):
+class SqlEngine(OnwardSettle, TopicGroups, KeptConnections):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 

@@ -110,7 +110,9 @@ class Engine(Protocol):
         ...
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
-        """Apply a batch of results in one transaction: archive, retry or release."""
+        """Apply a batch of results in one transaction: archive, retry or release; and
+        publish the ``outputs`` of the settlements that land (a pipeline step's), in that
+        transaction (see :mod:`sqlmq.engines.settle_onward`)."""
         ...
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from ..commit_hooks import on_commit
 from ..errors import PublishError
 from ..lifecycle import Outcome, State
+from ..new_messages import joined
 from ..records import (
     HISTORY_LIMIT,
     Delivery,
@@ -469,8 +470,14 @@ class MemoryEngine:
             return out
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
+        """Settle, and publish the outputs of the settlements that land (a pipeline step's:
+        see :mod:`sqlmq.engines.settle_onward`), all at once."""
         with self._lock:
-            applied = self._store.settle(settlements, self._now())
+            now = self._now()
+            applied = self._store.settle(settlements, now)
+            for batch in joined(s.outputs for s in settlements
+                                if s.outputs is not None and s.id in applied):
+                self._store.add(self._store.new_rows(batch, now)[0])
             self._writes += bool(applied)
             return applied
 

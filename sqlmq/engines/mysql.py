@@ -273,24 +273,35 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         out.sort(key=ready_order)
         return out
 
-    async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
+    async def _settle_alone(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
             return set()
+        packet = [(sql.BEGIN, ()), *self._settle_statements(settlements), (sql.COMMIT, ())]
+        (locked,) = await self._packet(packet, keep=[2])
+        return {r[0] for r in locked}
+
+    async def _settle_in(self, conn: AsyncConnection,
+                         settlements: Sequence[Settlement]) -> set[int]:
+        results = await _run(conn, self._settle_statements(settlements), self._multi)
+        return {r[0] for r in results[1]}
+
+    def _settle_statements(self, settlements: Sequence[Settlement],
+                           ) -> list[tuple[str, Sequence[Any]]]:
+        """The settle of ``settlements``, without BEGIN and COMMIT; the second statement's
+        rows are the ids it writes."""
         # The batch drives the locking join in its own order: by id, as extend's, so that a
         # flush and a lease renewal of the same rows cannot deadlock.
         batch = sorted(settlements, key=_settlement_id)
-        packet: list[tuple[str, Sequence[Any]]] = [
-            (sql.BEGIN, ()), (self._settle_input, [self.settlement_json(batch)]),
-            (self._settle_lock, ()),
+        statements: list[tuple[str, Sequence[Any]]] = [
+            (self._settle_input, [self.settlement_json(batch)]), (self._settle_lock, ()),
         ]
         outcomes = {s.outcome for s in settlements}
         if outcomes & ARCHIVING:
-            packet += [(self._settle_archive, ()), (self._settle_delete, ())]
+            statements += [(self._settle_archive, ()), (self._settle_delete, ())]
         if outcomes & RETURNING:
-            packet.append((self._settle_update, ()))
-        packet += [(sql.SETTLE_CLEAR, ()), (sql.COMMIT, ())]
-        (locked,) = await self._packet(packet, keep=[2])
-        return {r[0] for r in locked}
+            statements.append((self._settle_update, ()))
+        statements.append((sql.SETTLE_CLEAR, ()))
+        return statements
 
     async def _packet(self, statements: list[tuple[str, Sequence[Any]]],
                       keep: Sequence[int], one_packet: bool = True) -> list[list[Any]]:

@@ -340,31 +340,16 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         await self.floors.close()
         await super().close()
 
-    async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
+    async def _settle_alone(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
             return set()
-        n = len(settlements)
-        if all(s.outcome is Outcome.COMPLETE and s.error is None and s.history is None
-               and s.attempted for s in settlements):
-            # The common flush, every handler returned: the constant columns are built once.
-            outcomes, errors, delays = _same(Outcome.COMPLETE.value, n), _same("NULL", n), \
-                _same("0", n)
-            refunds, attempts, histories = _same("0", n), _same("1", n), errors
-        else:
-            outcomes = _texts(s.outcome.value for s in settlements)
-            errors = _texts(s.error for s in settlements)
-            delays = _numbers(float(s.delay) for s in settlements)
-            refunds = _numbers(1 if s.refund else 0 for s in settlements)
-            attempts = _numbers(1 if s.attempted else 0 for s in settlements)
-            histories = _texts(None if s.history is None else json.dumps(s.history)
-                               for s in settlements)
-        rows = await self._fetch(
-            self._settle,
-            _numbers([s.id for s in settlements]),
-            _numbers([s.deliveries for s in settlements]),
-            outcomes, errors, delays, refunds, attempts, histories,
-            index_plans=True,
-        )
+        rows = await self._fetch(self._settle, *_settle_args(settlements), index_plans=True)
+        return {r[0] for r in rows}
+
+    async def _settle_in(self, conn: AsyncConnection,
+                         settlements: Sequence[Settlement]) -> set[int]:
+        await conn.exec_driver_sql(sql.INDEX_PLANS_LOCAL)
+        rows = await conn.exec_driver_sql(self._settle, _settle_args(settlements))
         return {r[0] for r in rows}
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
@@ -421,6 +406,27 @@ def _publish_unknown(messages: NewMessages, exc: BaseException) -> Exception:
         "again, which could publish them twice; look for them before publishing again, or "
         "accept a duplicate"
     )
+
+
+def _settle_args(settlements: Sequence[Settlement]) -> tuple[str, ...]:
+    """SETTLE's arguments: one array literal per column."""
+    n = len(settlements)
+    if all(s.outcome is Outcome.COMPLETE and s.error is None and s.history is None
+           and s.attempted for s in settlements):
+        # The common flush, every handler returned: the constant columns are built once.
+        outcomes, errors, delays = _same(Outcome.COMPLETE.value, n), _same("NULL", n), \
+            _same("0", n)
+        refunds, attempts, histories = _same("0", n), _same("1", n), errors
+    else:
+        outcomes = _texts(s.outcome.value for s in settlements)
+        errors = _texts(s.error for s in settlements)
+        delays = _numbers(float(s.delay) for s in settlements)
+        refunds = _numbers(1 if s.refund else 0 for s in settlements)
+        attempts = _numbers(1 if s.attempted else 0 for s in settlements)
+        histories = _texts(None if s.history is None else json.dumps(s.history)
+                           for s in settlements)
+    return (_numbers([s.id for s in settlements]), _numbers([s.deliveries for s in settlements]),
+            outcomes, errors, delays, refunds, attempts, histories)
 
 
 def _numbers(values: Iterable[int | float]) -> str:

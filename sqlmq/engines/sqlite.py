@@ -189,18 +189,22 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         out.sort(key=ready_order)
         return out
 
-    async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
+    async def _settle_alone(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
             return set()
+        async with self.db.begin() as conn:
+            return await self._settle_in(conn, settlements)
+
+    async def _settle_in(self, conn: AsyncConnection,
+                         settlements: Sequence[Settlement]) -> set[int]:
         params = {"input": self.settlement_json(settlements)}
         outcomes = {s.outcome for s in settlements}
         applied: set[int] = set()
-        async with self.db.begin() as conn:
-            if outcomes & ARCHIVING:
-                await _fetch(conn, self._archive_sql, params)
-                applied.update(r[0] for r in await _fetch(conn, self._delete_sql, params))
-            if outcomes & RETURNING:
-                applied.update(r[0] for r in await _fetch(conn, self._update_sql, params))
+        if outcomes & ARCHIVING:
+            await _fetch(conn, self._archive_sql, params)
+            applied.update(r[0] for r in await _fetch(conn, self._delete_sql, params))
+        if outcomes & RETURNING:
+            applied.update(r[0] for r in await _fetch(conn, self._update_sql, params))
         return applied
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:

@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import DecodeError
+from ..errors import DecodeError, PipelineError
 from ..lifecycle import (
     Ending,
     Outcome,
@@ -20,6 +20,7 @@ from ..lifecycle import (
     unrunnable,
 )
 from ..message import LeaseHandle, Message
+from ..pipeline import onward
 from ..records import Delivery
 from .buffer import WorkBuffer
 from .flusher import Flusher
@@ -175,8 +176,9 @@ class Workers:
             return self._unrun(d, ending)
         msg = Message(d, self._leases)
         error: BaseException | None = None
+        result = None
         try:
-            await self.adapter(msg)
+            result = await self.adapter(msg)
         except DecodeError as exc:
             if msg.decision is None:
                 log.error("message %d of queue %s dead-lettered (archived FAILED) before its "
@@ -194,6 +196,13 @@ class Workers:
             error = exc
         decision = msg.decision
         settlement = decide(d, cfg, error, decision)
+        if cfg.publish_to is not None and settlement.outcome is _COMPLETE and error is None:
+            try:
+                settlement.outputs = onward(result, cfg.publish_to, cfg.max_payload_bytes,
+                                            self.adapter.name)
+            except PipelineError as exc:  # the step failed: its retry strategy decides
+                error, decision = exc, None
+                settlement = decide(d, cfg, error)
         if error is not None:
             self._report(d, error, settlement)
         elif decision is None and settlement.outcome is not _COMPLETE:

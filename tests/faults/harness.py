@@ -45,7 +45,8 @@ class WorkerSpec:
     """What one worker process runs. ``handler``: ``record`` (sleep, then record), ``poison``
     (a body ``"poison"`` kills the process with ``os._exit``), ``late_reject`` (sleep, then
     reject: with a lease shorter than the sleep, a write that must never land),
-    ``slow_first`` (only the first delivery sleeps)."""
+    ``slow_first`` (only the first delivery sleeps), ``pipeline`` (sleep, record, then return
+    ``{"from": id}``, which a subscriber with ``publish_to`` publishes onward)."""
 
     url: str
     prefix: str
@@ -90,7 +91,11 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
         os.write(sink, f"{msg.id} {msg.deliveries}{note}\n".encode())
 
     @broker.subscriber(spec.queue, **spec.subscriber)
-    async def handle(msg: Message) -> None:
+    async def handle(msg: Message) -> Any:
+        if spec.handler == "pipeline":
+            await asyncio.sleep(spec.sleep)
+            record(msg)
+            return {"from": msg.id}
         if spec.handler == "poison" and msg.body == "poison":
             record(msg, " died")
             os._exit(3)
@@ -207,9 +212,14 @@ class Tables:
             ids += broker.publish_batch_sync(queue, batch)
         return ids
 
-    def left(self) -> int:
+    def left(self, queue: str | None = None) -> int:
+        """Messages in the table (of ``queue``, or of every queue)."""
+        m = self.schema.message
+        query = select(func.count()).select_from(m)
+        if queue is not None:
+            query = query.where(m.c.queue == queue)
         with self.db.connect() as conn:
-            return conn.execute(select(func.count()).select_from(self.schema.message)).scalar_one()
+            return conn.execute(query).scalar_one()
 
     def processing(self) -> int:
         m = self.schema.message
@@ -218,10 +228,13 @@ class Tables:
                 select(func.count()).select_from(m).where(m.c.state == "PROCESSING")
             ).scalar_one()
 
-    def message_rows(self) -> list[Any]:
+    def message_rows(self, queue: str | None = None) -> list[Any]:
         m = self.schema.message
+        query = select(m.c.id, m.c.state, m.c.deliveries_count, m.c.payload)
+        if queue is not None:
+            query = query.where(m.c.queue == queue)
         with self.db.connect() as conn:
-            return list(conn.execute(select(m.c.id, m.c.state, m.c.deliveries_count)))
+            return list(conn.execute(query))
 
     def archived(self) -> int:
         with self.db.connect() as conn:
@@ -284,14 +297,17 @@ class Outcome:
         return asdict(self)
 
 
-def outcome(tables: Tables, published: list[int], log_dir: Path) -> Outcome:
+def outcome(tables: Tables, published: list[int], log_dir: Path,
+            queue: str | None = None) -> Outcome:
+    """What the run left of ``published`` (its messages are those of ``queue``, when other
+    queues fill up beside it: a pipeline's outputs)."""
     rows = tables.archive_rows()
     by_id = {r.id: r for r in rows}
     runs = executions(log_dir)
     per_id = Counter(i for i, _, _ in runs)
     per_delivery = Counter((i, d) for i, d, _ in runs)
     pub = set(published)
-    left = tables.left()
+    left = tables.left(queue)
     return Outcome(
         published=len(published),
         archived=len(rows),
@@ -356,28 +372,28 @@ def kill_run(
     pool.start(workers)
     try:
         wait_ready(log_dir, 1)
-        while pool.kills < min_kills or (until_drained and tables.left() > 0):
-            if top_up and pool.kills < min_kills and tables.left() < 200:
+        while pool.kills < min_kills or (until_drained and tables.left(spec.queue) > 0):
+            if top_up and pool.kills < min_kills and tables.left(spec.queue) < 200:
                 published += top_up()
             if time.monotonic() > deadline:
                 raise AssertionError(f"{pool.kills} kills after {timeout}s, "
-                                     f"{tables.left()} messages left")
+                                     f"{tables.left(spec.queue)} messages left")
             time.sleep(random.uniform(*interval))
             pool.kill_random()
             pool.replace_dead()
             if progress and pool.kills % 25 == 0:
                 progress(f"{pool.kills} kills, {tables.archived()} archived, "
-                         f"{tables.left()} left")
+                         f"{tables.left(spec.queue)} left")
         fired = time.monotonic()
         under_fire = tables.archived()
-        while tables.left() > 0:
+        while tables.left(spec.queue) > 0:
             if time.monotonic() > deadline:
                 raise AssertionError(f"queue not drained after {timeout}s "
-                                     f"({tables.left()} left, {pool.kills} kills)")
+                                     f"({tables.left(spec.queue)} left, {pool.kills} kills)")
             pool.replace_dead()
             time.sleep(0.1)
         drained = time.monotonic()
     finally:
         pool.stop()
     return KillRun(pool.kills, fired - started, drained - fired, under_fire,
-                   outcome(tables, published, log_dir))
+                   outcome(tables, published, log_dir, spec.queue))

@@ -459,3 +459,7 @@ WITH moved AS (
 )
 SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM woken)
 """
+
+# INDEX_PLANS_ON for one transaction (a pipeline step's settle, on a pooled connection).
+INDEX_PLANS_LOCAL = ("SELECT set_config('enable_seqscan', 'off', true), "
+                     "set_config('enable_bitmapscan', 'off', true)")

@@ -1,0 +1,78 @@
+"""Settling a pipeline step: the input archived and its output published in one transaction.
+
+A subscriber with ``publish_to`` hands its handler's return value onward (see
+:mod:`sqlmq.pipeline`): the runtime encodes it into the settlement's ``outputs``, and the
+engine writes it here, in the transaction that settles the input. Either the input is
+archived and the output exists, or neither: a crash (or a lost connection) between the
+handler's return and the commit leaves the input to be delivered again and no output; a
+commit whose reply was lost is found by ``landed`` like any other settle, and its outputs
+with it. Fencing holds for the outputs too: the settle statements run first and write (and
+lock) only the rows still held by the settling delivery, and an output is written only for
+a settlement among those; a stale delivery's output is dropped with its result.
+
+The settle statements are each engine's own (:meth:`OnwardSettle._settle_in`, the same
+statements as its one-transaction settle, in the given transaction); the outputs are
+inserted with the engine's ``publish`` in that transaction (the outbox's path, NOTIFY
+included), one insert per queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from ..new_messages import joined
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+    from ..records import NewMessages, Settlement
+
+T = TypeVar("T")
+
+
+class OnwardSettle:
+    """The contract's ``settle`` for the SQL engines: the engine's fast settle for a batch
+    without outputs (every flush of a plain subscriber), the transaction above otherwise."""
+
+    if TYPE_CHECKING:
+        db: AsyncEngine
+
+        async def publish(self, messages: NewMessages,
+                          executor: AsyncConnection | AsyncSession | None = None,
+                          ) -> list[int]: ...
+
+    async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
+        for s in settlements:
+            if s.outputs is not None:
+                return await self._settle_publishing(settlements)
+        return await self._settle_alone(settlements)
+
+    async def _settle_publishing(self, settlements: Sequence[Settlement]) -> set[int]:
+        """A batch with outputs: settle and publish in one transaction of sqlmq's own."""
+        return await self._transaction(lambda conn: self._settle_onward(conn, settlements))
+
+    async def _settle_onward(self, conn: AsyncConnection,
+                             settlements: Sequence[Settlement]) -> set[int]:
+        written = await self._settle_in(conn, settlements)
+        for batch in joined(s.outputs for s in settlements
+                            if s.outputs is not None and s.id in written):
+            await self.publish(batch, conn)
+        return written
+
+    async def _settle_alone(self, settlements: Sequence[Settlement]) -> set[int]:
+        """Settle ``settlements`` in a transaction of the engine's own: its hot path."""
+        raise NotImplementedError
+
+    async def _settle_in(self, conn: AsyncConnection,
+                         settlements: Sequence[Settlement]) -> set[int]:
+        """The same statements in ``conn``'s transaction, which the caller commits."""
+        raise NotImplementedError
+
+    async def _transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """``work`` in a transaction of its own, committed when it returns."""
+        async with self.db.begin() as conn:
+            return await work(conn)
+
+
+__all__ = ["OnwardSettle"]

@@ -1,0 +1,45 @@
+"""Pipelines: a step's handler returns a value, and sqlmq publishes it onward atomically.
+
+::
+
+    @broker.subscriber("orders", publish_to="invoices")
+    async def bill(order: Order) -> Invoice:
+        return make_invoice(order)
+
+The return value is encoded as ``publish`` encodes a body (bytes, str, JSON, a pydantic
+model) into the settlement of the input message (:attr:`Settlement.outputs
+<sqlmq.lifecycle.Settlement.outputs>`), and the engine inserts it in the transaction that
+archives the input (:mod:`sqlmq.engines.settle_onward`). So a hop between two queues is
+exactly-once: whatever crashes, the output exists if and only if the input was archived
+COMPLETED, and exists once. The handler itself may still run more than once (at least
+once, as every handler); only one of its runs leaves an output.
+
+A handler that returns None publishes nothing (a filter step). Only a run that ends
+COMPLETED publishes: a failed, retried or rejected input leaves no output. A return value
+that cannot be published (not encodable, over ``max_payload_bytes``) fails the step as if
+the handler had raised :class:`~sqlmq.errors.PipelineError`: the retry strategy decides,
+then the dead letters keep the input with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import PipelineError
+from .lifecycle import error_text
+from .new_messages import NewMessages
+from .publishing import prepare
+
+__all__ = ["onward"]
+
+
+def onward(result: Any, queue: str, max_payload_bytes: int, handler: str) -> NewMessages | None:
+    """What ``handler``'s return value ``result`` publishes to ``queue``: None for None."""
+    if result is None:
+        return None
+    try:
+        return prepare(queue, [result], headers=None, delay=None, at=None,
+                       max_payload_bytes=max_payload_bytes)
+    except Exception as exc:
+        raise PipelineError(f"handler {handler} returned a value that cannot be published to "
+                            f"queue {queue!r}: {error_text(exc)}") from exc
