@@ -4,6 +4,7 @@ subprocesses, and the figures table."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,17 @@ async def fresh_broker(db: str, **options: Any) -> Broker:
     broker = Broker(url, table_prefix=PREFIX, **options)
     await broker.migrate()
     return broker
+
+
+@contextlib.asynccontextmanager
+async def bench_broker(db: str, **options: Any) -> AsyncIterator[Broker]:
+    """:func:`fresh_broker` for one case: closed, and its tables dropped, afterwards."""
+    broker = await fresh_broker(db, **options)
+    try:
+        yield broker
+    finally:
+        await broker.close()
+        drop_tables(url_for(db))
 
 
 def peer_env() -> dict[str, str]:

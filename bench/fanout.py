@@ -24,17 +24,7 @@ import time
 
 from sqlmq import Broker
 
-from .common import (
-    DATABASES,
-    PAYLOAD,
-    PREFIX,
-    QUEUE,
-    drop_tables,
-    fresh_broker,
-    median,
-    table,
-    url_for,
-)
+from .common import DATABASES, PAYLOAD, PREFIX, QUEUE, bench_broker, median, table
 from .drain import SQLMQ_DRAIN, analyze, until_completed
 
 GROUPS = 10
@@ -51,8 +41,7 @@ async def _drain(broker: Broker, copies: int) -> float:
 
 async def plain(db: str, n: int) -> tuple[float, float]:
     """(publish msgs/s, drain msgs/s) of one queue."""
-    broker = await fresh_broker(db)
-    try:
+    async with bench_broker(db) as broker:
         start = time.perf_counter()
         for i in range(0, n, CHUNK):
             await broker.publish_batch(QUEUE, [PAYLOAD] * min(CHUNK, n - i))
@@ -64,15 +53,11 @@ async def plain(db: str, n: int) -> tuple[float, float]:
             pass
 
         return published, n / await _drain(broker, n)
-    finally:
-        await broker.close()
-        drop_tables(url_for(db))
 
 
 async def fanout(db: str, n: int) -> tuple[float, float]:
     """(publish msgs/s, drain copies/s) of a topic with ``GROUPS`` groups."""
-    broker = await fresh_broker(db)
-    try:
+    async with bench_broker(db) as broker:
         for g in range(GROUPS):
             await broker.join_group(TOPIC, f"group{g}")
         start = time.perf_counter()
@@ -87,9 +72,6 @@ async def fanout(db: str, n: int) -> tuple[float, float]:
                 pass
 
         return published, n * GROUPS / await _drain(broker, n * GROUPS)
-    finally:
-        await broker.close()
-        drop_tables(url_for(db))
 
 
 async def main(rounds: int, n: int) -> None:
