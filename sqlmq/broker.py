@@ -23,12 +23,10 @@ from .publisher import Publisher
 from .records import QueueStats
 from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
-from .schema import DEFAULT_PREFIX, Schema, build_schema
+from .schema import DEFAULT_MAX_PAYLOAD, DEFAULT_PREFIX, Schema, build_schema
 from .subscriber import HandlerAdapter, Subscriber, SubscriberConfig
 from .topics import TopicGroup, subscription
 from .wakeups import Wakeups
-
-DEFAULT_MAX_PAYLOAD = 10 * 1024 * 1024
 
 
 class Broker(Publisher):

@@ -48,6 +48,8 @@ MAX_QUEUE_NAME = 128
 #: The longest deduplication key (characters). With the queue name it fits MySQL's limit on
 #: an index's length (3072 bytes, four per character).
 MAX_DEDUP_KEY = 255
+#: The largest payload a broker accepts by default (``Broker(max_payload_bytes=)``).
+DEFAULT_MAX_PAYLOAD = 10 * 1024 * 1024
 
 #: The range of a message's ``priority`` (higher is taken first; 0 by default). The column
 #: is a 32-bit INTEGER everywhere; the accepted range is narrower, that of a SMALLINT, which

@@ -19,7 +19,7 @@ from .errors import ConfigurationError, DecodeError, HandlerSignatureError
 from .lifecycle import AckPolicy
 from .message import Message
 from .retry import Retry, RetryStrategy
-from .schema import MAX_QUEUE_NAME
+from .schema import DEFAULT_MAX_PAYLOAD, MAX_QUEUE_NAME
 
 Handler = Callable[..., Any]
 
@@ -74,7 +74,7 @@ class SubscriberConfig:
     #: transaction (see :mod:`sqlmq.pipeline`); None: the return value is ignored.
     publish_to: str | None = None
     #: The broker's limit, which the return values published onward are held to.
-    max_payload_bytes: int = 10 * 1024 * 1024
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
 
     def __post_init__(self) -> None:
         if not self.queues:

@@ -268,16 +268,17 @@ class SqlEngine(OnwardSettle, TopicGroups, KeptConnections):
         """Insert ``messages`` in ``executor``'s transaction, or in one of sqlmq's own (see
         :mod:`.core_publish`)."""
         return await self._run_core(  # type: ignore[no-any-return]
-            lambda dialect: publish_flow(self.schema.message, dialect, messages,
-                                         self._wake_statement(messages)),
-            messages, executor)
+            self._publish_flow(messages), messages, executor)
 
     def publish_sync(self, messages: NewMessages,
                      executor: Connection | Session | None = None) -> list[int]:
         return self._run_core_sync(  # type: ignore[no-any-return]
-            lambda dialect: publish_flow(self.schema.message, dialect, messages,
-                                         self._wake_statement(messages)),
-            messages, executor)
+            self._publish_flow(messages), messages, executor)
+
+    def _publish_flow(self, messages: NewMessages) -> Callable[[Dialect], Flow]:
+        """The Core publish of ``messages``, for a connection's dialect."""
+        return lambda dialect: publish_flow(self.schema.message, dialect, messages,
+                                            self._wake_statement(messages))
 
     async def _run_core(self, make_flow: Callable[[Dialect], Flow], messages: NewMessages,
                         executor: AsyncConnection | AsyncSession | None) -> Any:

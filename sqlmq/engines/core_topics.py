@@ -90,8 +90,7 @@ class TopicGroups:
         g = self.schema.topic_group
         async with self.db.connect() as conn:
             row = (await conn.execute(select(g).where(g.c.queue == queue))).first()
-        return None if row is None else TopicGroup(row.pattern, row.group_name, row.queue,
-                                                   row.created_at)
+        return None if row is None else _group_of(row)
 
     async def delete_group(self, pattern: str, group: str) -> int | None:
         queue = group_queue(pattern, group)
@@ -105,4 +104,8 @@ class TopicGroups:
         g = self.schema.topic_group
         async with self.db.connect() as conn:
             rows = await conn.execute(select(g).order_by(g.c.pattern, g.c.group_name))
-            return [TopicGroup(r.pattern, r.group_name, r.queue, r.created_at) for r in rows]
+            return [_group_of(r) for r in rows]
+
+
+def _group_of(row: Any) -> TopicGroup:
+    return TopicGroup(row.pattern, row.group_name, row.queue, row.created_at)

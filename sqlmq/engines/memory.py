@@ -30,7 +30,6 @@ from sqlalchemy.orm import Session
 from ..commit_hooks import on_commit
 from ..errors import PublishError
 from ..lifecycle import Outcome, State
-from ..new_messages import joined
 from ..records import (
     HISTORY_LIMIT,
     Delivery,
@@ -43,6 +42,7 @@ from ..records import (
 )
 from ..schema import SCHEMA_VERSION, Schema
 from ..topics import TopicGroup, group_queue, queues_for
+from .settle_onward import outputs_of
 
 Clock = Callable[[], datetime]
 
@@ -475,8 +475,7 @@ class MemoryEngine:
         with self._lock:
             now = self._now()
             applied = self._store.settle(settlements, now)
-            for batch in joined(s.outputs for s in settlements
-                                if s.outputs is not None and s.id in applied):
+            for batch in outputs_of(settlements, applied):
                 self._store.add(self._store.new_rows(batch, now)[0])
             self._writes += bool(applied)
             return applied

@@ -45,18 +45,14 @@ class OnwardSettle:
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         for s in settlements:
             if s.outputs is not None:
-                return await self._settle_publishing(settlements)
+                return await self._transaction(
+                    lambda conn: self._settle_onward(conn, settlements))
         return await self._settle_alone(settlements)
-
-    async def _settle_publishing(self, settlements: Sequence[Settlement]) -> set[int]:
-        """A batch with outputs: settle and publish in one transaction of sqlmq's own."""
-        return await self._transaction(lambda conn: self._settle_onward(conn, settlements))
 
     async def _settle_onward(self, conn: AsyncConnection,
                              settlements: Sequence[Settlement]) -> set[int]:
         written = await self._settle_in(conn, settlements)
-        for batch in joined(s.outputs for s in settlements
-                            if s.outputs is not None and s.id in written):
+        for batch in outputs_of(settlements, written):
             await self.publish(batch, conn)
         return written
 
@@ -75,4 +71,10 @@ class OnwardSettle:
             return await work(conn)
 
 
-__all__ = ["OnwardSettle"]
+def outputs_of(settlements: Sequence[Settlement], written: set[int]) -> list[NewMessages]:
+    """The outputs to publish with a settle that wrote ``written``: those of the settlements
+    that landed, one batch per queue (:func:`~sqlmq.new_messages.joined`)."""
+    return joined(s.outputs for s in settlements if s.outputs is not None and s.id in written)
+
+
+__all__ = ["OnwardSettle", "outputs_of"]
