@@ -23,6 +23,7 @@ from .lifecycle import AckPolicy, Outcome, State
 from .message import Message
 from .records import Delivery, Published, QueueStats, Settlement
 from .retry import Retry, RetryStrategy
+from .schedules import Cadence, Schedule, ScheduleInfo
 from .schema import (
     SCHEMA_VERSION,
     Schema,
@@ -38,6 +39,7 @@ __all__ = [
     "AckPolicy",
     "AlreadySettled",
     "Broker",
+    "Cadence",
     "ConfigurationError",
     "ConnectTimeout",
     "DecodeError",
@@ -55,6 +57,8 @@ __all__ = [
     "QueueStats",
     "Retry",
     "RetryStrategy",
+    "Schedule",
+    "ScheduleInfo",
     "Schema",
     "SchemaError",
     "Settlement",

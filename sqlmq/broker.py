@@ -23,13 +23,14 @@ from .publisher import Publisher
 from .records import QueueStats
 from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
+from .scheduling import Scheduling
 from .schema import DEFAULT_MAX_PAYLOAD, DEFAULT_PREFIX, Schema, build_schema
 from .subscriber import HandlerAdapter, Subscriber, SubscriberConfig
 from .topics import TopicGroup, subscription
 from .wakeups import Wakeups
 
 
-class Broker(Publisher):
+class Broker(Publisher, Scheduling):
     """A message broker on a database you already run.
 
     ``target`` is a URL (``postgresql://…``, ``mysql://…``/``mariadb://…``,
@@ -53,6 +54,8 @@ class Broker(Publisher):
         self._runtimes: list[SubscriberRuntime] = []
         self._wakeups = Wakeups()
         self._recovery: LeaseRecovery | None = None
+        self._schedules = []
+        self._ticker = None
         self._started = False
         #: The engine's push wake-ups while running (PostgreSQL's LISTEN connection).
         self.listener: WakeSource | None = None
@@ -150,7 +153,7 @@ class Broker(Publisher):
     # ---- running -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Check the schema and start every subscriber's loops."""
+        """Check the schema and start every subscriber's loops and the periodic schedules."""
         if self._started:
             return
         await self.check_schema()
@@ -164,6 +167,8 @@ class Broker(Publisher):
             self._recovery = LeaseRecovery(self._engine, self._recovery_every,
                                            self.recovery_spread, self._wakeups.wake_all)
             self._recovery.start()
+        if self._schedules:
+            self._run_schedules()
 
     def _start_one(self, sub: Subscriber) -> None:
         runtime = SubscriberRuntime(self._engine, sub, self._wakeups.register(sub.queues))
@@ -184,6 +189,7 @@ class Broker(Publisher):
         if self.listener is not None:
             await self.listener.stop()
             self.listener = None
+        await self._stop_schedules()
         if self._recovery is not None:
             await self._recovery.stop()
             self._recovery = None

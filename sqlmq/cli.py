@@ -94,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("pattern")
     p.add_argument("group")
 
+    p = sub.add_parser("schedules", help="periodic schedules: last and next tick, or --delete")
+    _url_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--delete", metavar="NAME", help="forget the schedule NAME and its ticks")
+
     dlq = sub.add_parser("dlq", help="inspect, requeue or purge FAILED (dead-lettered) messages")
     dsub = dlq.add_subparsers(dest="dlq_command", required=True)
     p = dsub.add_parser("list")
@@ -232,6 +237,30 @@ async def _groups(broker: Broker, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _schedules(broker: Broker, args: argparse.Namespace) -> int:
+    await broker.check_schema()
+    if args.delete is not None:
+        if not await broker.delete_schedule(args.delete):
+            known = ", ".join(repr(s.name) for s in await broker.schedules()) or "none"
+            raise SqlmqError(f"no schedule named {args.delete!r} (schedules: {known})")
+        print(f"deleted schedule {args.delete!r}; a process still running it makes it again")
+        return 0
+    now = await broker.engine.now()
+    rows = [{"name": s.name, "queue": s.queue, "cadence": s.cadence.describe(),
+             "catch_up": s.catch_up,
+             "last_tick": s.last_tick_at and s.last_tick_at.isoformat(),
+             "last_message_id": s.last_message_id,
+             "next_tick": s.next_tick(now).isoformat()} for s in await broker.schedules()]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print("\t".join(("name", "queue", "cadence", "catch_up", "last tick", "message",
+                     "next tick")))
+    for r in rows:
+        print("\t".join("" if v is None else str(v) for v in r.values()))
+    return 0
+
+
 async def _queues(broker: Broker, args: argparse.Namespace) -> int:
     await broker.check_schema()
     stats = await broker.stats()
@@ -362,8 +391,8 @@ async def _worker(args: argparse.Namespace) -> int:
     broker = getattr(module, attr or "broker", None)
     if not isinstance(broker, Broker):
         raise UsageError(f"{args.app!r} is not a sqlmq Broker (got {type(broker).__name__})")
-    if not broker.subscribers:
-        raise UsageError(f"{args.app!r} has no subscribers to run")
+    if not broker.subscribers and not broker.periodic_schedules:
+        raise UsageError(f"{args.app!r} has no subscribers or schedules to run")
     if args.graceful_timeout is not None:
         for sub in broker.subscribers:
             sub.config.graceful_timeout = args.graceful_timeout
@@ -377,7 +406,7 @@ async def _worker(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"migrate": _migrate, "publish": _publish, "queues": _queues, "dlq": _dlq,
-             "groups": _groups}
+             "groups": _groups, "schedules": _schedules}
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -106,6 +106,12 @@ def _v7(conn: Connection, schema: Schema) -> None:
     schema.metadata.create_all(conn, tables=[schema.topic_group], checkfirst=True)
 
 
+def _v8(conn: Connection, schema: Schema) -> None:
+    """Periodic schedules: the schedule and tick tables (see :mod:`sqlmq.schedules`)."""
+    schema.metadata.create_all(conn, tables=[schema.schedule, schema.schedule_tick],
+                               checkfirst=True)
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -121,7 +127,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
-    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
+    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

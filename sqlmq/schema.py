@@ -41,7 +41,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -200,6 +200,10 @@ class Schema:
     spark_sink_batch: Table
     #: Consumer groups of topics (schema version 7; see :mod:`sqlmq.topics`).
     topic_group: Table
+    #: Periodic schedules and the ticks they published (schema version 8; see
+    #: :mod:`sqlmq.schedules`).
+    schedule: Table
+    schedule_tick: Table
 
     @property
     def names(self) -> dict[str, str]:
@@ -283,7 +287,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("applied_at", UTCDateTime(), nullable=False),
     )
     return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md),
-                  _topic_group(prefix, md))
+                  _topic_group(prefix, md), *_schedule_tables(prefix, md))
 
 
 def _topic_group(prefix: str, md: MetaData) -> Table:
@@ -297,6 +301,47 @@ def _topic_group(prefix: str, md: MetaData) -> Table:
         Column("group_name", QueueName(), nullable=False),
         Column("created_at", UTCDateTime(), nullable=False),
     )
+
+
+#: The longest cron expression a schedule may have (characters).
+MAX_CRON = 200
+
+
+def _schedule_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
+    """Periodic schedules (see :mod:`sqlmq.schedules`).
+
+    ``schedule``: a row per schedule, as the processes that run it registered it: its
+    queue and cadence (a cron expression in a time zone, or a fixed interval in
+    microseconds), its catch-up
+    policy, since when this cadence holds (``registered_at``: ticks before it are not its
+    own) and the last tick it published. A process that publishes a tick locks this row
+    first, so processes take turns per schedule and a tick at or before ``last_tick_at`` is
+    never published again. ``schedule_tick``: the ticks published recently, one row per
+    (schedule, tick) under the primary key, so that even a process that did not take the
+    lock could not publish a tick twice; it names the message each tick published.
+    """
+    schedule = Table(
+        f"{prefix}schedule",
+        md,
+        Column("name", QueueName(), primary_key=True),
+        Column("queue", QueueName(), nullable=False),
+        Column("cron", String(MAX_CRON)),
+        Column("tz", String(64), nullable=False),
+        Column("every_micros", BigInteger),
+        Column("catch_up", String(10), nullable=False),
+        Column("registered_at", UTCDateTime(), nullable=False),
+        Column("last_tick_at", UTCDateTime()),
+        Column("last_message_id", BigInteger),
+    )
+    tick = Table(
+        f"{prefix}schedule_tick",
+        md,
+        Column("schedule", QueueName(), primary_key=True),
+        Column("tick_at", UTCDateTime(), primary_key=True),
+        Column("message_id", BigInteger, nullable=False),
+        Column("published_at", UTCDateTime(), nullable=False),
+    )
+    return schedule, tick
 
 
 def _spark_tables(prefix: str, md: MetaData) -> tuple[Table, Table, Table, Table]:

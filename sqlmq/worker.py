@@ -52,6 +52,9 @@ class Broker(Protocol):
     @property
     def runtimes(self) -> list[Any]: ...
 
+    @property
+    def periodic_schedules(self) -> list[Any]: ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -63,8 +66,9 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
 
 
 def _log_start(broker: Broker) -> None:
-    log.info("sqlmq worker started on %s (table prefix %r): %d subscriber(s)", broker.url,
-             broker.schema.prefix, len(broker.subscribers))
+    log.info("sqlmq worker started on %s (table prefix %r): %d subscriber(s), %d periodic "
+             "schedule(s)", broker.url, broker.schema.prefix, len(broker.subscribers),
+             len(broker.periodic_schedules))
     for sub in broker.subscribers:
         c = sub.config
         log.info("subscriber %s on %s: workers=%d fetch_batch=%d prefetch=%s lease=%gs "
@@ -72,6 +76,9 @@ def _log_start(broker: Broker) -> None:
                  sub.adapter.name, ", ".join(c.queues), c.workers, c.fetch_batch,
                  c.prefetch, c.lease, c.max_deliveries, c.retry, c.ack_policy.name,
                  c.graceful_timeout)
+    for s in broker.periodic_schedules:
+        log.info("schedule %r: %s to queue %s, catch_up=%s", s.name, s.cadence.describe(),
+                 s.queue, s.catch_up)
 
 
 def _log_drain(broker: Broker) -> None:

@@ -29,14 +29,20 @@ ENV_OUT = "SQLMQ_PROCS_OUT"
 ENV_SLEEP = "SQLMQ_PROCS_SLEEP"  # seconds each handler call takes
 ENV_LEASE = "SQLMQ_PROCS_LEASE"  # the subscriber's lease, seconds
 ENV_GROUP = "SQLMQ_PROCS_GROUP"  # set: the queue is a topic pattern, consumed as this group
+ENV_EVERY = "SQLMQ_PROCS_EVERY"  # set: also run the schedule "beat" every this many seconds
+ENV_CATCH_UP = "SQLMQ_PROCS_CATCH_UP"  # the schedule's catch-up policy
+#: The queue of the schedule "beat": no subscriber takes its messages.
+BEAT = "beat"
 
 
 def build_broker(
     url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
-    group: str | None = None,
+    group: str | None = None, every: float | None = None, catch_up: str = "latest",
 ) -> Broker:
     """A broker with one subscriber that records every id it handled in ``out``; with
-    ``group``, a subscriber of the topic pattern ``queue`` in that consumer group."""
+    ``group``, a subscriber of the topic pattern ``queue`` in that consumer group. With
+    ``every``, it also runs the schedule ``beat``, whose messages (the publishing process's
+    pid) stay in the queue :data:`BEAT`."""
     broker = Broker(url, table_prefix=prefix, recovery_interval=0.5)
     sink: IO[str] = open(out, "a", buffering=1)
 
@@ -50,6 +56,9 @@ def build_broker(
             await asyncio.sleep(sleep)
         sink.write(f"{msg.id}\n")
 
+    if every is not None:
+        broker.periodic(BEAT, every=every, catch_up=catch_up)(  # type: ignore[arg-type]
+            lambda: {"pid": os.getpid()})
     return broker
 
 
@@ -60,6 +69,8 @@ def _broker_from_env() -> Broker | None:
         os.environ[ENV_URL], os.environ[ENV_PREFIX], os.environ[ENV_QUEUE],
         Path(os.environ[ENV_OUT]), float(os.environ.get(ENV_SLEEP, "0")),
         float(os.environ.get(ENV_LEASE, "30")), os.environ.get(ENV_GROUP) or None,
+        float(os.environ[ENV_EVERY]) if os.environ.get(ENV_EVERY) else None,
+        os.environ.get(ENV_CATCH_UP) or "latest",
     )
 
 
@@ -92,26 +103,29 @@ async def _main() -> None:
 
 def worker_env(
     url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
-    group: str | None = None,
+    group: str | None = None, every: float | None = None, catch_up: str = "latest",
 ) -> dict[str, str]:
     return {
         **os.environ,
         ENV_URL: url, ENV_PREFIX: prefix, ENV_QUEUE: queue, ENV_OUT: str(out),
         ENV_SLEEP: str(sleep), ENV_LEASE: str(lease), ENV_GROUP: group or "",
+        ENV_EVERY: "" if every is None else str(every), ENV_CATCH_UP: catch_up,
         "PYTHONPATH": str(ROOT),
     }
 
 
 def spawn_worker(
     url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
-    command: list[str] | None = None, group: str | None = None,
+    command: list[str] | None = None, group: str | None = None, every: float | None = None,
+    catch_up: str = "latest",
 ) -> subprocess.Popen[bytes]:
     """Start a worker process; its stderr goes to ``out`` + ``.log`` for post-mortems."""
     log = open(out.with_name(out.name + ".log"), "ab")
     try:
         return subprocess.Popen(
             command or [sys.executable, "-m", "tests.procs"],
-            cwd=ROOT, env=worker_env(url, prefix, queue, out, sleep, lease, group),
+            cwd=ROOT, env=worker_env(url, prefix, queue, out, sleep, lease, group, every,
+                                     catch_up),
             stdout=log, stderr=subprocess.STDOUT,
         )
     finally:

@@ -10,11 +10,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime, timedelta
+from datetime import time as clock_time
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from sqlmq import Broker
+from sqlmq.records import NewMessage, NewMessages
 
 from .conftest import CliResult, drop_tables, rows, run_cli
 
@@ -196,3 +200,45 @@ def test_worker_refuses_something_that_is_not_a_broker(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "is not a sqlmq Broker" in proc.stderr
+
+
+async def test_schedules_command_lists_last_and_next_tick_and_deletes(
+        db_url: str, prefix: str, cli_tables: None) -> None:
+    await arun("migrate", "--url", db_url, "--prefix", prefix)
+    broker = Broker(db_url, table_prefix=prefix)
+    try:
+        nightly = broker.periodic("nightly", cron="0 3 * * *", tz="Europe/Paris", body=1,
+                                  queue="reports")
+        await broker.engine.register_schedule(nightly)
+        beat = broker.periodic("beat", every=60, body=1, catch_up="all")
+        info = await broker.engine.register_schedule(beat)
+        tick = beat.cadence.after(info.registered_at)
+
+        async def produce() -> NewMessages:
+            return NewMessages.of([NewMessage("beat", b"x", {})])
+
+        msg_id = await broker.engine.fire_tick("beat", tick, produce)
+        listed = json.loads((await arun("schedules", "--url", db_url, "--prefix", prefix,
+                                         "--json")).stdout)
+        assert [(s["name"], s["queue"], s["cadence"], s["catch_up"]) for s in listed] == [
+            ("beat", "beat", "every 0:01:00", "all"),
+            ("nightly", "reports", "cron '0 3 * * *' (Europe/Paris)", "latest")]
+        assert (listed[0]["last_tick"], listed[0]["last_message_id"]) == (tick.isoformat(),
+                                                                         msg_id)
+        assert listed[0]["next_tick"] == (tick + timedelta(minutes=1)).isoformat()
+        assert listed[1]["last_tick"] is None
+        assert datetime.fromisoformat(listed[1]["next_tick"]).astimezone(
+            ZoneInfo("Europe/Paris")).time() == clock_time(3, 0)
+        plain = (await arun("schedules", "--url", db_url, "--prefix", prefix)).stdout
+        assert plain.splitlines()[0].split("\t") == [
+            "name", "queue", "cadence", "catch_up", "last tick", "message", "next tick"]
+        assert plain.splitlines()[1].startswith(
+            f"beat\tbeat\tevery 0:01:00\tall\t{tick.isoformat()}\t{msg_id}\t")
+        gone = await arun("schedules", "--url", db_url, "--prefix", prefix, "--delete", "beat")
+        assert "deleted schedule 'beat'" in gone.stdout
+        again = await asyncio.to_thread(run_cli, "schedules", "--url", db_url, "--prefix",
+                                        prefix, "--delete", "beat")
+        assert again.returncode == 1 and again.stderr.strip() == (
+            "sqlmq: error: no schedule named 'beat' (schedules: 'nightly')")
+    finally:
+        await broker.close()

@@ -36,6 +36,7 @@ from ..schema import Schema
 from ..sqltime import db_now_plus
 from .contract import WakeSource
 from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sync
+from .core_schedules import ScheduleRegistry
 from .core_topics import TopicGroups
 from .settle_onward import OnwardSettle
 from .sql import names_for
@@ -176,7 +177,7 @@ async def discard(conn: AsyncConnection) -> None:
         await conn.close()
 
 
-class SqlEngine(OnwardSettle, TopicGroups, KeptConnections):
+class SqlEngine(OnwardSettle, TopicGroups, ScheduleRegistry, KeptConnections):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 

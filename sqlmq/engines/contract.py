@@ -17,12 +17,13 @@ anything missing was stale (its lease expired and another delivery owns it now).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..lifecycle import State
 from ..records import Delivery, NewMessage, NewMessages, QueueStats, Settlement
+from ..schedules import Schedule, ScheduleInfo
 from ..schema import Schema
 from ..topics import TopicGroup
 
@@ -99,6 +100,29 @@ class Engine(Protocol):
 
     async def topic_groups(self) -> list[TopicGroup]:
         """Every consumer group, by pattern then name."""
+        ...
+
+    # ---- periodic schedules (see :mod:`sqlmq.schedules`) ------------------------------------
+
+    async def register_schedule(self, schedule: Schedule) -> ScheduleInfo:
+        """Record ``schedule`` (made if new; with a changed cadence, it starts afresh: its
+        ``registered_at`` becomes now) and return what the database knows of it."""
+        ...
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule, by name."""
+        ...
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Forget a schedule and its ticks; False if there was none."""
+        ...
+
+    async def fire_tick(self, name: str, tick: datetime,
+                        produce: Callable[[], Awaitable[NewMessages]]) -> int | None:
+        """Publish the message ``produce()`` makes for ``tick`` of schedule ``name``, unless
+        the schedule has published this tick or a later one (or is gone): the message's id,
+        else None. Processes take turns per schedule; ``produce`` runs only for a tick that
+        is taken, and an error it raises publishes nothing."""
         ...
 
     # ---- consuming -------------------------------------------------------------------------

@@ -40,8 +40,10 @@ from ..records import (
     Settlement,
     expiry_from,
 )
+from ..schedules import ScheduleInfo
 from ..schema import SCHEMA_VERSION, Schema
 from ..topics import TopicGroup, group_queue, queues_for
+from .memory_schedules import MemorySchedules
 from .settle_onward import outputs_of
 
 Clock = Callable[[], datetime]
@@ -122,6 +124,8 @@ class MemoryStore:
     keys: dict[tuple[str, str], int] = field(default_factory=dict)
     #: The consumer groups of topics, by queue.
     groups: dict[str, TopicGroup] = field(default_factory=dict)
+    #: Periodic schedules, by name.
+    schedules: dict[str, ScheduleInfo] = field(default_factory=dict)
 
     def new_rows(self, messages: NewMessages, now: datetime) -> tuple[list[Row], list[int]]:
         """Rows for ``messages`` with their ids taken (in order), not yet visible, and the
@@ -337,7 +341,7 @@ def _shows(s: Settlement, row: Row | Archived | None) -> bool:
     return row.deliveries_count == s.deliveries and not recovered
 
 
-class MemoryEngine:
+class MemoryEngine(MemorySchedules):
     """The engine contract in this process's memory, thread-safe (``publish_sync`` may run
     on another thread than the subscribers' loop)."""
 

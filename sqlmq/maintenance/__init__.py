@@ -1,6 +1,8 @@
-"""Duties one process at a time does for everyone: recovery of expired leases (and, later,
-schedules and retention). Each runs beside a broker's subscribers and uses the contract only."""
+"""Duties done for everyone, the processes taking turns: recovery of expired leases and
+periodic schedules (and, later, retention). Each runs beside a broker's subscribers and
+uses the contract only."""
 
+from .periodic import Ticker
 from .recovery import LeaseRecovery
 
-__all__ = ["LeaseRecovery"]
+__all__ = ["LeaseRecovery", "Ticker"]
