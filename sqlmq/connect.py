@@ -386,6 +386,11 @@ def prepare_sqlite(engine: SyncEngine) -> None:
         def _end(conn: Any) -> None:
             # These fire just before the driver's COMMIT/ROLLBACK; the next writer is let in
             # once this task yields, i.e. while that statement runs on the driver's thread.
+            if conn.invalidated:
+                # A task cancelled inside a statement: SQLAlchemy invalidated the connection,
+                # and reading it here would raise, turning the cancellation into a
+                # PendingRollbackError. The pool's invalidate event gives the turn back.
+                return
             held = conn.connection.info.pop(_TURN, None)
             if held is not None:
                 held[0].call_soon(held[1].release)

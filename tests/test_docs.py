@@ -17,6 +17,7 @@ import os
 import re
 import signal
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from sqlmq import Broker
 from sqlmq.connect import parse_url, sync_url
 
 from .conftest import drop_tables, rows
+from .test_periodic import published_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -159,6 +161,11 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
         assert namespace["invoices"] == [{"order": 1, "due": 12.0}]
         states = sorted(r["state"] for r in await rows(broker, "archive", queue="orders"))
         assert states == ["COMPLETED", "COMPLETED"]
+    elif "beats.append" in snippet.code:  # README's schedules: a message per tick
+        ticks = await published_ticks(broker, "heartbeat")
+        step = timedelta(seconds=0.2)  # (a late round may skip a tick: catch_up="latest")
+        assert len(ticks) == len(set(ticks)) >= 3 and all(
+            (t - ticks[0]) % step == timedelta(0) for t in ticks), ticks
     elif "ack_policy=" in snippet.code:
         (sub,) = broker.subscribers
         assert sub.queues == ("orders", "refunds")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import text
 
 from sqlmq import Broker, Message
 
@@ -41,3 +42,28 @@ async def test_concurrent_writers_of_one_broker_all_get_their_turn(broker: Broke
     ids = await asyncio.gather(*(broker.publish("jobs", f"m{i}") for i in range(200)))
     assert sorted(ids) == sorted(set(ids))
     assert len(ids) == 200
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_a_task_cancelled_inside_a_statement_ends_cancelled(broker: Broker) -> None:
+    """SQLAlchemy invalidates a connection whose statement a cancellation cut short; the
+    turn's end then must not read the connection, which raised PendingRollbackError in
+    place of the CancelledError (the task's stopper took it for an ordinary failure)."""
+    started = asyncio.Event()
+
+    async def slow() -> None:
+        async with broker.db.begin() as conn:
+            started.set()
+            await conn.execute(text(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+                "WHERE x < 2000000) SELECT count(*) FROM c"))
+
+    task = asyncio.create_task(slow())
+    await started.wait()
+    await asyncio.sleep(0.1)  # inside the statement, which takes about a second
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    from sqlmq.connect import _TURN
+
+    assert not any(lock.locked() for lock in broker.db.sync_engine.__dict__[_TURN].values())

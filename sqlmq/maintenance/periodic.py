@@ -12,6 +12,7 @@ off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -31,6 +32,8 @@ log = logging.getLogger("sqlmq")
 MAX_WAIT = 30.0
 #: Slept past a tick, so that the database's clock has reached it when it is read.
 OVERSLEEP = 0.002
+#: How long a stop waits for a round in progress (a body function, a tick's transaction).
+STOP_TIMEOUT = 10.0
 #: The first and the longest rest of a schedule whose body function failed (seconds).
 FIRST_REST, MAX_REST = 1.0, 60.0
 
@@ -52,14 +55,23 @@ class Ticker:
         self._task: asyncio.Task[None] | None = None
         #: Rounds completed (the first publishes the catch-up).
         self.rounds = 0
+        self._stopping = False
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="sqlmq-periodic")
 
     async def stop(self) -> None:
+        """Let a round in progress finish (up to :data:`STOP_TIMEOUT`), then end the loop.
+        Not a bare cancel: a task cancelled inside a statement leaves SQLAlchemy's SQLite
+        connection invalidated but open, its write lock held until it is collected."""
         task, self._task = self._task, None
-        await cancel_and_wait(task)
+        if task is None:
+            return
+        self._stopping = True
+        self._changed.set()
+        await asyncio.wait([task], timeout=STOP_TIMEOUT)
+        await cancel_and_wait(task)  # at once if it ended; else it is cut short
 
     def changed(self) -> None:
         """A schedule was added: run a round now."""
@@ -67,7 +79,8 @@ class Ticker:
 
     async def _run(self) -> None:
         backoff = Backoff("periodic schedules")
-        while True:
+        while not self._stopping:
+            self._changed.clear()
             try:
                 wait = await self.round()
             except Exception as exc:
@@ -75,11 +88,8 @@ class Ticker:
                 continue
             backoff.succeeded()
             self.rounds += 1
-            self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait)
-            except TimeoutError:
-                pass
 
     async def round(self) -> float:
         """Publish what is due; returns the seconds until the next tick (capped)."""
@@ -113,6 +123,8 @@ class Ticker:
         if resting is not None and resting[0] > now:
             return
         for tick in schedule.due(info.since, now):
+            if self._stopping:
+                return
             try:
                 msg_id = await self.engine.fire_tick(
                     schedule.name, tick, lambda tick=tick: self._message(schedule, tick))
