@@ -51,8 +51,8 @@ class Scheduling:
 
         def register(made_by: Any, computed: bool) -> Schedule:
             schedule = Schedule(name, name if queue is None else queue, cadence, made_by,
-                                catch_up, max_catch_up, priority, dict(headers or {}),
-                                computed)
+                                catch_up, max_catch_up, priority,
+                                {} if headers is None else headers, computed)
             prepare(schedule.queue, [] if computed else [made_by], headers=headers,
                     delay=None, at=None, max_payload_bytes=self.max_payload_bytes)
             if any(s.name == name for s in self._schedules):

@@ -196,4 +196,6 @@ async def test_bad_schedules_are_refused_at_registration(broker: Broker) -> None
         broker.periodic("tz", cron="0 3 * * *", tz="Nowhere")
     with pytest.raises(PublishError, match="header 'k' must be a string"):
         broker.periodic("h", every=1, body=1, headers={"k": 5})  # type: ignore[dict-item]
+    with pytest.raises(PublishError, match="headers must be a mapping of str to str, got list"):
+        broker.periodic("l", every=1, body=1, headers=[("k", "v")])  # type: ignore[arg-type]
     assert [s.name for s in broker.periodic_schedules] == ["once"]
