@@ -36,7 +36,7 @@ from cronsim import CronSim, CronSimError
 
 from .errors import ConfigurationError
 from .schema import MAX_CRON, MAX_PRIORITY, MIN_PRIORITY
-from .subscriber import check_queue
+from .subscriber import check_name, check_queue
 
 CatchUp = Literal["latest", "all", "none"]
 CATCH_UP_POLICIES: tuple[str, ...] = ("latest", "all", "none")
@@ -159,8 +159,8 @@ class Schedule:
     computed: bool = False
 
     def __post_init__(self) -> None:
-        _checked("schedule name", self.name)
-        _checked("queue name", self.queue)
+        check_name(self.name, "schedule name")
+        check_queue(self.queue)
         if self.catch_up not in CATCH_UP_POLICIES:
             raise ConfigurationError(f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}; "
                                      f"got {self.catch_up!r}")
@@ -208,13 +208,6 @@ def _takes_argument(function: Callable[..., Any]) -> bool:
         return False
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
                for p in params)
-
-
-def _checked(what: str, name: Any) -> str:
-    try:
-        return check_queue(name)
-    except ConfigurationError as exc:
-        raise ConfigurationError(str(exc).replace("queue name", what, 1)) from None
 
 
 @dataclass(frozen=True)

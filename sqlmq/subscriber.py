@@ -25,24 +25,30 @@ Handler = Callable[..., Any]
 
 
 def check_queue(queue: Any) -> str:
-    if not isinstance(queue, str):
-        raise ConfigurationError(f"queue name must be a str, got {type(queue).__name__}")
-    if not queue:
-        raise ConfigurationError("queue name must not be empty")
-    if len(queue) > MAX_QUEUE_NAME:
+    return check_name(queue, "queue name")
+
+
+def check_name(name: Any, what: str) -> str:
+    """A queue name's rules, for any name stored in a queue-name column (a group, a
+    schedule, a topic's words), its errors naming ``what``."""
+    if not isinstance(name, str):
+        raise ConfigurationError(f"{what} must be a str, got {type(name).__name__}")
+    if not name:
+        raise ConfigurationError(f"{what} must not be empty")
+    if len(name) > MAX_QUEUE_NAME:
         raise ConfigurationError(
-            f"queue name is {len(queue)} characters long; the limit is {MAX_QUEUE_NAME}"
+            f"{what} is {len(name)} characters long; the limit is {MAX_QUEUE_NAME}"
         )
-    if "\x00" in queue:
-        raise ConfigurationError("queue name must not contain NUL characters")
-    if not queue.isascii():
+    if "\x00" in name:
+        raise ConfigurationError(f"{what} must not contain NUL characters")
+    if not name.isascii():
         try:
-            queue.encode("utf-8")
+            name.encode("utf-8")
         except UnicodeEncodeError:
             raise ConfigurationError(
-                f"queue name {queue!r} is not valid Unicode text (it has a lone surrogate)"
+                f"{what} {name!r} is not valid Unicode text (it has a lone surrogate)"
             ) from None
-    return queue
+    return name
 
 
 @dataclass

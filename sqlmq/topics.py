@@ -29,7 +29,7 @@ from typing import Any
 
 from .codec import TOPIC_HEADER
 from .errors import ConfigurationError
-from .subscriber import check_queue
+from .subscriber import check_name, check_queue
 
 #: Wildcards of a pattern: one word, and any number of words.
 ONE_WORD, ANY_WORDS = "*", "#"
@@ -48,16 +48,8 @@ class TopicGroup:
     created_at: datetime
 
 
-def _checked(what: str, name: Any) -> str:
-    """``check_queue``'s checks, its error naming ``what`` instead of a queue name."""
-    try:
-        return check_queue(name)
-    except ConfigurationError as exc:
-        raise ConfigurationError(str(exc).replace("queue name", what, 1)) from None
-
-
 def _words(what: str, name: Any) -> list[str]:
-    words = _checked(what, name).split(".")
+    words = check_name(name, what).split(".")
     if any(not w for w in words):
         raise ConfigurationError(
             f"{what} {name!r} has an empty word: words are separated by single dots")
@@ -87,7 +79,7 @@ def check_pattern(pattern: Any) -> str:
 def group_queue(pattern: str, group: str) -> str:
     """The queue holding ``group``'s copies of the topics ``pattern`` matches, checked."""
     check_pattern(pattern)
-    _checked("group name", group)
+    check_name(group, "group name")
     if GROUP_SEPARATOR in group:
         raise ConfigurationError(
             f"group name {group!r} must not contain {GROUP_SEPARATOR!r} (its queue is "

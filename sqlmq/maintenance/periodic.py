@@ -112,15 +112,16 @@ class Ticker:
         return min(MAX_WAIT, max(0.0, (wake - now).total_seconds() - spent) + OVERSLEEP)
 
     def _next(self, schedule: Schedule, now: datetime) -> datetime:
+        return self._rests_until(schedule, now) or schedule.cadence.after(now)
+
+    def _rests_until(self, schedule: Schedule, now: datetime) -> datetime | None:
+        """When a schedule whose body failed may try again, while it rests."""
         resting = self._resting.get(schedule.name)
-        if resting is not None and resting[0] > now:
-            return resting[0]
-        return schedule.cadence.after(now)
+        return resting[0] if resting is not None and resting[0] > now else None
 
     async def _publish_due(self, schedule: Schedule, info: ScheduleInfo,
                            now: datetime) -> None:
-        resting = self._resting.get(schedule.name)
-        if resting is not None and resting[0] > now:
+        if self._rests_until(schedule, now) is not None:
             return
         for tick in schedule.due(info.since, now):
             if self._stopping:
