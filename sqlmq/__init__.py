@@ -1,11 +1,13 @@
 """sqlmq: a message broker that lives in your relational database."""
 
 from .broker import Broker
+from .channels import ChannelInfo, ChannelSettings
 from .codec import decode, encode
 from .connect import safe_url
 from .engines import Engine, engine_for
 from .errors import (
     AlreadySettled,
+    ChannelFull,
     ConfigurationError,
     ConnectTimeout,
     DecodeError,
@@ -21,7 +23,7 @@ from .errors import (
 )
 from .lifecycle import AckPolicy, Outcome, State
 from .message import Message
-from .records import Delivery, Published, QueueStats, Settlement
+from .records import Cancellation, Delivery, Published, QueueStats, Settlement
 from .retry import Retry, RetryStrategy
 from .schedules import Cadence, Schedule, ScheduleInfo
 from .schema import (
@@ -40,6 +42,10 @@ __all__ = [
     "AlreadySettled",
     "Broker",
     "Cadence",
+    "Cancellation",
+    "ChannelFull",
+    "ChannelInfo",
+    "ChannelSettings",
     "ConfigurationError",
     "ConnectTimeout",
     "DecodeError",

@@ -13,24 +13,24 @@ from sqlalchemy import URL
 from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from .admin import Administration
 from .connect import safe_url
 from .engines import engine_for
 from .engines.contract import Engine, WakeSource
-from .errors import ConfigurationError, UnknownGroup
+from .errors import ConfigurationError
 from .lifecycle import AckPolicy
 from .maintenance import LeaseRecovery
 from .publisher import Publisher
-from .records import QueueStats
 from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
 from .scheduling import Scheduling
 from .schema import DEFAULT_MAX_PAYLOAD, DEFAULT_PREFIX, Schema, build_schema
 from .subscriber import HandlerAdapter, Subscriber, SubscriberConfig
-from .topics import TopicGroup, subscription
+from .topics import subscription
 from .wakeups import Wakeups
 
 
-class Broker(Publisher, Scheduling):
+class Broker(Publisher, Scheduling, Administration):
     """A message broker on a database you already run.
 
     ``target`` is a URL (``postgresql://…``, ``mysql://…``/``mariadb://…``,
@@ -215,35 +215,6 @@ class Broker(Publisher, Scheduling):
         from .worker import run
 
         await run(self, stop)
-
-    # ---- topics --------------------------------------------------------------------------
-
-    async def join_group(self, topic: str, group: str) -> TopicGroup:
-        """Make the consumer ``group`` of ``topic`` (a pattern) if it does not exist: from
-        now on every publish to a matching topic leaves a copy in its queue. Subscribers
-        made with ``topic=`` and ``group=`` join theirs when the broker starts."""
-        return await self._engine.join_group(topic, group)
-
-    async def delete_group(self, topic: str, group: str) -> int:
-        """Delete the consumer ``group`` of ``topic`` and the copies waiting or running in
-        its queue (returns how many; the archive keeps its history). Unknown groups are an
-        :class:`UnknownGroup` error naming the groups that exist."""
-        removed = await self._engine.delete_group(topic, group)
-        if removed is None:
-            known = ", ".join(f"{g.group!r} of {g.pattern!r}"
-                              for g in await self._engine.topic_groups()) or "none"
-            raise UnknownGroup(f"no consumer group {group!r} of topic {topic!r} (groups: "
-                               f"{known})")
-        return removed
-
-    async def groups(self) -> list[TopicGroup]:
-        """Every consumer group of every topic, from the database."""
-        return await self._engine.topic_groups()
-
-    # ---- insights ------------------------------------------------------------------------
-
-    async def stats(self) -> list[QueueStats]:
-        return await self._engine.stats()
 
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Broker"]

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from . import cli_channels
 from .broker import Broker
 from .connect import safe_url
 from .errors import ConfigurationError, PublishError, SqlmqError
@@ -93,6 +94,14 @@ def _parser() -> argparse.ArgumentParser:
     _url_arg(p)
     p.add_argument("pattern")
     p.add_argument("group")
+
+    p = sub.add_parser("cancel", help="cancel messages: archive waiting ones CANCELLED, flag "
+                                      "running ones")
+    _url_arg(p)
+    p.add_argument("ids", nargs="+", type=int, metavar="ID")
+    p.add_argument("--json", action="store_true")
+
+    cli_channels.add_parser(sub, _url_arg, _positive_int)
 
     p = sub.add_parser("schedules", help="periodic schedules: last and next tick, or --delete")
     _url_arg(p)
@@ -261,6 +270,19 @@ async def _schedules(broker: Broker, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _cancel(broker: Broker, args: argparse.Namespace) -> int:
+    """Cancel each id, one answer per line; exits 1 if an id names no message."""
+    await broker.check_schema()
+    found = [await broker.cancel(i) for i in args.ids]
+    if args.json:
+        print(json.dumps([{"id": c.id, "outcome": c.outcome, "state": c.state}
+                          for c in found]))
+    else:
+        for c in found:
+            print(c)
+    return EXIT_FAILED if any(c.outcome == "unknown" for c in found) else 0
+
+
 async def _queues(broker: Broker, args: argparse.Namespace) -> int:
     await broker.check_schema()
     stats = await broker.stats()
@@ -269,9 +291,9 @@ async def _queues(broker: Broker, args: argparse.Namespace) -> int:
                                        s.oldest_ready_at.isoformat()} for s in stats]))
         return 0
     columns = ("queue", "pending", "processing", "retryable", "completed", "failed",
-               "expired", "oldest ready")
+               "expired", "cancelled", "oldest ready")
     found = [(s.queue, str(s.pending), str(s.processing), str(s.retryable), str(s.completed),
-              str(s.failed), str(s.expired),
+              str(s.failed), str(s.expired), str(s.cancelled),
               s.oldest_ready_at.isoformat(timespec="seconds") if s.oldest_ready_at else "")
              for s in stats]
     if not sys.stdout.isatty():  # piped: whole names, one line per queue, tab-separated
@@ -406,7 +428,8 @@ async def _worker(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"migrate": _migrate, "publish": _publish, "queues": _queues, "dlq": _dlq,
-             "groups": _groups, "schedules": _schedules}
+             "groups": _groups, "schedules": _schedules, "cancel": _cancel,
+             "channels": cli_channels.run}
 
 if __name__ == "__main__":
     raise SystemExit(main())

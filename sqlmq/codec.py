@@ -47,3 +47,21 @@ def decode(payload: bytes, content_type: str | None) -> Any:
     except (UnicodeDecodeError, ValueError) as exc:
         raise DecodeError(f"payload is not valid {kind}: {exc}") from None
     return payload
+
+
+def encode_state(value: Any) -> bytes:
+    """A handler's saved state (``msg.defer(state=)``) as the bytes stored on its row: its
+    content type, a newline, then the value encoded as a body is (bytes stay bytes, other
+    values become JSON or text), so it decodes to what was saved."""
+    payload, content_type = encode(value)
+    return content_type.encode() + b"\n" + payload
+
+
+def decode_state(stored: bytes | None) -> Any:
+    """The value :func:`encode_state` stored (None: nothing saved)."""
+    if stored is None:
+        return None
+    content_type, sep, payload = bytes(stored).partition(b"\n")
+    if not sep:
+        raise DecodeError("saved state is not in sqlmq's format (no content type line)")
+    return decode(payload, content_type.decode("ascii", "replace"))

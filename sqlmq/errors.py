@@ -34,6 +34,11 @@ class PayloadTooLarge(PublishError):
     """A payload above the broker's ``max_payload_bytes``."""
 
 
+class ChannelFull(PublishError):
+    """A publish that would leave more messages in a channel than its ``max_size``; nothing
+    was written."""
+
+
 class PipelineError(PublishError):
     """A pipeline step's return value that cannot be published onward (one its codec cannot
     encode, or too large): the step fails as if its handler had raised this."""

@@ -6,11 +6,18 @@ became of one delivery into the settlement a flush writes.
     PENDING ──acquire──▶ PROCESSING ──ack──────────────▶ COMPLETED (archive)
        ▲                    │  │ ──reject / no retries──▶ FAILED    (archive)
        │                    │  │ ──past its expiry──────▶ EXPIRED   (archive, never run)
+       │                    │  │ ──cancelled, no success▶ CANCELLED (archive)
        │                    │  └──nack, retry allowed──▶ RETRYABLE ──acquire──▶ PROCESSING
-       └──lease expired / released on stop──┘
+       ├──lease expired / released on stop──┘
+       └──defer (state saved; neither an attempt nor a delivery against max_deliveries)
 
-PENDING, PROCESSING and RETRYABLE rows live in the message table; COMPLETED, FAILED and
-EXPIRED rows are moved to the archive in the same transaction that deletes them.
+``Broker.cancel`` archives a waiting message CANCELLED at once; a running one is flagged, its
+handler sees ``msg.cancel_requested``, and any result but a success is archived CANCELLED
+(a flagged message that goes back to waiting is archived CANCELLED when next acquired,
+without running).
+
+PENDING, PROCESSING and RETRYABLE rows live in the message table; COMPLETED, FAILED,
+EXPIRED and CANCELLED rows are moved to the archive in the same transaction that deletes them.
 ``docs/lifecycle.md`` draws every transition and names the :class:`Ending` that leads to each.
 
 :func:`decide` is pure: no I/O, no clock, no logging (the runtime logs). The only code it
@@ -39,6 +46,7 @@ class State(StrEnum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     EXPIRED = "EXPIRED"  # acquired after its ``expires_at``: archived without running
+    CANCELLED = "CANCELLED"  # Broker.cancel: never delivered, or its result given up
 
 
 class AckPolicy(StrEnum):
@@ -65,12 +73,14 @@ class Outcome(StrEnum):
     EXPIRE = State.EXPIRED.value  # archive as EXPIRED
     RETRY = "RETRY"  # back to the table as RETRYABLE, after a delay
     RELEASE = "RELEASE"  # back to PENDING, no attempt counted (stop, quarantine, a fault)
+    DEFER = "DEFER"  # back to PENDING until ``delay``/``at``, with the handler's saved state
+    CANCEL = State.CANCELLED.value  # archive as CANCELLED
 
     @property
     def archives(self) -> bool:
         """Whether the settle moves the row to the archive (the engines' ``landed`` looks
         for it there)."""
-        return self in (Outcome.COMPLETE, Outcome.FAIL, Outcome.EXPIRE)
+        return self in (Outcome.COMPLETE, Outcome.FAIL, Outcome.EXPIRE, Outcome.CANCEL)
 
 
 class Ending(Enum):
@@ -97,17 +107,24 @@ class Ending(Enum):
     ABANDONED = "abandoned"
     #: Still running when a stop's graceful timeout ran out: back to PENDING at once.
     CUT_SHORT = "cut short"
+    #: Acquired with a cancellation asked for (``Broker.cancel`` while it ran, and it went
+    #: back to waiting): archived CANCELLED without running.
+    CANCELLED = "cancelled"
 
 
 class Decision:
-    """A handler's manual settlement of its message (``msg.ack()``, ``nack()``, ``reject()``)."""
+    """A handler's manual settlement of its message (``msg.ack()``, ``nack()``, ``reject()``,
+    ``defer()``)."""
 
-    __slots__ = ("delay", "kind", "reason")
+    __slots__ = ("at", "delay", "kind", "reason", "saved_state")
 
-    def __init__(self, kind: str, delay: float | None = None, reason: str | None = None):
-        self.kind = kind  # "ack" | "nack" | "reject"
+    def __init__(self, kind: str, delay: float | None = None, reason: str | None = None,
+                 at: datetime | None = None, saved_state: bytes | None = None):
+        self.kind = kind  # "ack" | "nack" | "reject" | "defer"
         self.delay = delay
         self.reason = reason
+        self.at = at  # defer: the moment it is due again (else after ``delay``)
+        self.saved_state = saved_state  # defer: the state to save, encoded
 
 
 class Delivered(Protocol):
@@ -127,6 +144,10 @@ class Delivered(Protocol):
     def acquired_at(self) -> datetime: ...
     @property
     def expires_at(self) -> datetime | None: ...
+    @property
+    def defers(self) -> int: ...
+    @property
+    def cancel_requested(self) -> bool: ...
 
 
 class Policy(Protocol):
@@ -168,6 +189,10 @@ class Settlement:
     #: in the settle's transaction, and only if this settlement lands (see
     #: :mod:`sqlmq.pipeline`). The runtime sets it on a COMPLETE settlement only.
     outputs: NewMessages | None = None
+    #: For DEFER: the moment it is due again (None: after ``delay`` seconds) and the state
+    #: saved on the row (encoded; None: none).
+    at: datetime | None = None
+    saved_state: bytes | None = None
 
 
 def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
@@ -177,7 +202,18 @@ def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
     ``error`` is what the handler raised (or, for ``ABANDONED``, the fault), ``decision``
     its manual ack/nack/reject. The history entries written here carry no ``at``: the
     database's settle keeps the time of the row it writes, and the runtime never reads the
-    clock. Pure apart from the retry strategy, which is the subscriber's own."""
+    clock. Pure apart from the retry strategy, which is the subscriber's own.
+
+    A delivery whose cancellation was asked for (and seen by the runtime) ends CANCELLED
+    unless it succeeded: a failure, a retry, a defer or a release would run it again."""
+    settlement = _decide(d, policy, error, decision, ending)
+    if d.cancel_requested and settlement.outcome is not Outcome.COMPLETE:
+        return _cancelled(d, policy, error)
+    return settlement
+
+
+def _decide(d: Delivered, policy: Policy, error: BaseException | None,
+            decision: Decision | None, ending: Ending) -> Settlement:
     if ending is Ending.HANDLED:
         if decision is None:
             if error is None:
@@ -195,6 +231,8 @@ def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
         if decision.kind == "reject":
             reason = storable(decision.reason or (failure_text(error) if error else "rejected"))
             return _fail(d, reason, "rejected")
+        if decision.kind == "defer":
+            return _defer(d, decision)
         return _nack(d, policy, error, decision.delay)
     return _UNHANDLED[ending](d, policy, error)
 
@@ -205,19 +243,23 @@ def unrunnable(d: Delivered, policy: Policy) -> Ending | None:
     acquire's and the publish's), so no host's clock takes part."""
     if d.defect is not None:
         return Ending.UNDECODABLE_ROW
+    if d.cancel_requested:
+        return Ending.CANCELLED
     expires_at = d.expires_at
     if expires_at is not None and d.acquired_at >= expires_at:
         return Ending.EXPIRED
     limit = policy.max_deliveries  # exceeds_max_deliveries(), inlined: once per message
-    if limit is not None and d.deliveries > limit:  # type: ignore[operator]
+    if limit is not None and d.deliveries - d.defers > limit:  # type: ignore[operator]
         return Ending.MAX_DELIVERIES
     return None
 
 
 def exceeds_max_deliveries(d: Delivered, policy: Policy) -> bool:
-    """A message that kills its process never produces a result; only this stops it."""
+    """A message that kills its process never produces a result; only this stops it. The
+    deliveries that ended in a defer are not counted: a cooperative task may defer itself
+    for as long as it likes."""
     limit = policy.max_deliveries
-    return limit is not None and d.deliveries > limit  # type: ignore[operator]
+    return limit is not None and d.deliveries - d.defers > limit  # type: ignore[operator]
 
 
 def _complete(d: Delivered, error: BaseException | None) -> Settlement:
@@ -260,8 +302,25 @@ def _undecodable_row(d: Delivered, policy: Policy, error: BaseException | None) 
                       error=storable(d.defect or "undecodable row"), attempted=False)
 
 
+def _defer(d: Delivered, decision: Decision) -> Settlement:
+    """Back to waiting with the state saved: not an attempt (the retry strategy does not
+    see it), and its ``deferred`` history entry is what ``landed`` recognises."""
+    history = append_history(d.history, history_entry(d.deliveries, "deferred"))
+    return Settlement(d.id, d.deliveries, Outcome.DEFER, delay=decision.delay or 0.0,
+                      attempted=False, history=history, at=decision.at,
+                      saved_state=decision.saved_state)
+
+
+def _cancelled(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
+    reason = "cancelled" if error is None else f"cancelled; it ended with {error_text(error)}"
+    history = append_history(d.history, history_entry(d.deliveries, "cancelled", error=reason))
+    return Settlement(d.id, d.deliveries, Outcome.CANCEL, error=reason, attempted=False,
+                      history=history)
+
+
 def _max_deliveries(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:
-    reason = f"max deliveries exceeded ({d.deliveries} > {policy.max_deliveries})"
+    done = d.deliveries - d.defers
+    reason = f"max deliveries exceeded ({done} > {policy.max_deliveries})"
     return _fail(d, reason, "max_deliveries", attempted=False)
 
 
@@ -296,6 +355,7 @@ _UNHANDLED = {
     Ending.UNSTARTED: _unstarted,
     Ending.ABANDONED: _abandoned,
     Ending.CUT_SHORT: _cut_short,
+    Ending.CANCELLED: _cancelled,
 }
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn, ExecutableDDLElement
 
 from .errors import SchemaError
-from .schema import SCHEMA_VERSION, Schema, dedup_index_of, ready_index_of
+from .schema import SCHEMA_VERSION, Schema, channel_index_of, dedup_index_of, ready_index_of
 
 
 def _v1(conn: Connection, schema: Schema) -> None:
@@ -112,6 +112,31 @@ def _v8(conn: Connection, schema: Schema) -> None:
                                checkfirst=True)
 
 
+def _v9(conn: Connection, schema: Schema) -> None:
+    """Defer and cancellation: the message table's ``saved_state``, ``defers_count`` and
+    ``cancel_requested`` columns (constant defaults: no table is rewritten). Each column is
+    looked for first, as in :func:`_v3`."""
+    have = {c["name"] for c in inspect(conn).get_columns(schema.message.name)}
+    for name in ("saved_state", "defers_count", "cancel_requested"):
+        if name not in have:
+            conn.execute(AddColumn(schema.message.c[name]))
+
+
+def _v10(conn: Connection, schema: Schema) -> None:
+    """Channels: the message table's ``channel`` and ``channel_due_at`` (NULL by default: no
+    table is rewritten) and their index, and the channel tables."""
+    m = schema.message
+    have = {c["name"] for c in inspect(conn).get_columns(m.name)}
+    for name in ("channel", "channel_due_at"):
+        if name not in have:
+            conn.execute(AddColumn(m.c[name]))
+    index = channel_index_of(schema)
+    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
+        index.create(conn)
+    schema.metadata.create_all(conn, tables=[schema.channel, schema.channel_default],
+                               checkfirst=True)
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -127,7 +152,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
-    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
+    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -29,6 +29,7 @@ class NewMessage:
     expires_in: float | None = None  # seconds from database now; ignored when ``expires_at``
     expires_at: datetime | None = None  # is set. Neither: it never expires
     dedup_key: str | None = None  # unique in its queue among waiting and running messages
+    channel: str | None = None  # see sqlmq.channels
 
 
 @dataclass(slots=True)
@@ -51,6 +52,8 @@ class NewMessages(Sequence[NewMessage]):
     #: One deduplication key (or None) per payload; None: no message has one. A batch with
     #: keys takes each engine's keyed path (see :mod:`sqlmq.engines.core_publish`).
     dedup_keys: list[str | None] | None = None
+    #: The channel all of them go to (see :mod:`sqlmq.channels`); None: none.
+    channel: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.payloads) != len(self.headers):
@@ -75,10 +78,16 @@ class NewMessages(Sequence[NewMessage]):
         keys = [m.dedup_key for m in items]
         return cls(first.queue, [m.payload for m in items], [m.headers for m in items],
                    first.delay, first.at, first.priority, first.expires_in, first.expires_at,
-                   keys if any(k is not None for k in keys) else None)
+                   keys if any(k is not None for k in keys) else None, first.channel)
 
     def __len__(self) -> int:
         return len(self.payloads)
+
+    @property
+    def core_only(self) -> bool:
+        """Whether only the Core publish writes these (:mod:`sqlmq.engines.core_publish`):
+        deduplication keys, or a channel, bypass the engines' fast paths."""
+        return self.dedup_keys is not None or self.channel is not None
 
     @overload
     def __getitem__(self, index: int) -> NewMessage: ...
@@ -89,10 +98,11 @@ class NewMessages(Sequence[NewMessage]):
         if isinstance(index, slice):
             return NewMessages(self.queue, self.payloads[index], self.headers[index],
                                self.delay, self.at, self.priority, self.expires_in,
-                               self.expires_at, None if keys is None else keys[index])
+                               self.expires_at, None if keys is None else keys[index],
+                               self.channel)
         return NewMessage(self.queue, self.payloads[index], self.headers[index], self.delay,
                           self.at, self.priority, self.expires_in, self.expires_at,
-                          None if keys is None else keys[index])
+                          None if keys is None else keys[index], self.channel)
 
     def pick(self, indexes: Sequence[int]) -> NewMessages:
         """The messages at ``indexes``, in that order, as a batch of their own."""
@@ -100,17 +110,17 @@ class NewMessages(Sequence[NewMessage]):
         return NewMessages(self.queue, [self.payloads[i] for i in indexes],
                            [self.headers[i] for i in indexes], self.delay, self.at,
                            self.priority, self.expires_in, self.expires_at,
-                           None if keys is None else [keys[i] for i in indexes])
+                           None if keys is None else [keys[i] for i in indexes], self.channel)
 
     def __iter__(self) -> Iterator[NewMessage]:
         keys = self.dedup_keys or [None] * len(self.payloads)
         for payload, headers, key in zip(self.payloads, self.headers, keys, strict=True):
             yield NewMessage(self.queue, payload, headers, self.delay, self.at, self.priority,
-                             self.expires_in, self.expires_at, key)
+                             self.expires_in, self.expires_at, key, self.channel)
 
 
 def _shared(m: NewMessage) -> tuple[Any, ...]:
-    return (m.queue, m.delay, m.at, m.priority, m.expires_in, m.expires_at)
+    return (m.queue, m.delay, m.at, m.priority, m.expires_in, m.expires_at, m.channel)
 
 
 def joined(batches: Iterable[NewMessages]) -> list[NewMessages]:
@@ -119,12 +129,13 @@ def joined(batches: Iterable[NewMessages]) -> list[NewMessages]:
     batch per settlement; joined, each queue's outputs are one insert, not one per message."""
     out: dict[tuple[Any, ...], NewMessages] = {}
     for b in batches:
-        key = (b.queue, b.delay, b.at, b.priority, b.expires_in, b.expires_at)
+        key = (b.queue, b.delay, b.at, b.priority, b.expires_in, b.expires_at, b.channel)
         into = out.get(key)
         if into is None:
             out[key] = NewMessages(b.queue, list(b.payloads), list(b.headers), b.delay, b.at,
                                    b.priority, b.expires_in, b.expires_at,
-                                   None if b.dedup_keys is None else list(b.dedup_keys))
+                                   None if b.dedup_keys is None else list(b.dedup_keys),
+                                   b.channel)
             continue
         if into.dedup_keys is not None or b.dedup_keys is not None:
             into.dedup_keys = ((into.dedup_keys or [None] * len(into))

@@ -42,37 +42,39 @@ class Publisher:
         self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None, at: datetime | None = None,
         priority: int = 0, expires: Expiry | None = None, dedup_key: str | None = None,
-        connection: AsyncConnection | AsyncSession | None = None,
+        channel: str | None = None, connection: AsyncConnection | AsyncSession | None = None,
     ) -> int:
         """Publish one message; returns its id. With ``connection`` it commits or rolls
         back with the caller's transaction. A higher ``priority`` (-32768..32767) goes first.
         A message not started by ``expires`` (seconds or a timedelta from the database's
         now, or a moment) is archived EXPIRED instead of running. With ``dedup_key``, while
         a message with that key waits or runs in ``queue`` nothing is written: the result,
-        a :class:`~sqlmq.Published`, is that message's id with ``duplicate`` true."""
+        a :class:`~sqlmq.Published`, is that message's id with ``duplicate`` true. With
+        ``channel``, it is taken under that channel's limits (see :mod:`sqlmq.channels`);
+        one that would exceed its ``max_size`` is refused with :class:`~sqlmq.ChannelFull`."""
         (msg_id,) = await self.publish_batch(
             queue, [body], headers=headers, delay=delay, at=at, priority=priority,
             expires=expires, dedup_keys=None if dedup_key is None else [dedup_key],
-            connection=connection)
+            channel=channel, connection=connection)
         return msg_id
 
     async def publish_batch(
         self, queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None, at: datetime | None = None,
         priority: int = 0, expires: Expiry | None = None,
-        dedup_keys: Sequence[str | None] | None = None,
+        dedup_keys: Sequence[str | None] | None = None, channel: str | None = None,
         connection: AsyncConnection | AsyncSession | None = None,
     ) -> list[int]:
-        """Publish many messages (one priority and expiry) to one queue at once; ids in
-        order. ``dedup_keys``: a key (or None) per body; a key met twice in the batch is
-        one message."""
+        """Publish many messages (one priority, expiry and channel) to one queue at once;
+        ids in order. ``dedup_keys``: a key (or None) per body; a key met twice in the
+        batch is one message."""
         messages = self._prepare(queue, bodies, headers, delay, at, priority, expires,
-                                 dedup_keys)
+                                 dedup_keys, channel)
         if not messages:
             return []
         check_executor(connection, asynchronous=True)
         if connection is None and self._engine.hands_over and len(messages) == 1 \
-                and messages.at is None and messages.dedup_keys is None:
+                and messages.at is None and not messages.core_only:
             direct = idle_runtime(self._runtimes, self._wakeups, messages[0])
             if direct is not None:
                 return [await hand_over(self._engine, self._wakeups, direct, messages[0])]
@@ -84,25 +86,25 @@ class Publisher:
         self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None, at: datetime | None = None,
         priority: int = 0, expires: Expiry | None = None, dedup_key: str | None = None,
-        connection: Connection | Session | None = None,
+        channel: str | None = None, connection: Connection | Session | None = None,
     ) -> int:
         """The synchronous twin of :meth:`publish`, for code without an event loop."""
         (msg_id,) = self.publish_batch_sync(
             queue, [body], headers=headers, delay=delay, at=at, priority=priority,
             expires=expires, dedup_keys=None if dedup_key is None else [dedup_key],
-            connection=connection)
+            channel=channel, connection=connection)
         return msg_id
 
     def publish_batch_sync(
         self, queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None, at: datetime | None = None,
         priority: int = 0, expires: Expiry | None = None,
-        dedup_keys: Sequence[str | None] | None = None,
+        dedup_keys: Sequence[str | None] | None = None, channel: str | None = None,
         connection: Connection | Session | None = None,
     ) -> list[int]:
         """The synchronous twin of :meth:`publish_batch`."""
         messages = self._prepare(queue, bodies, headers, delay, at, priority, expires,
-                                 dedup_keys)
+                                 dedup_keys, channel)
         if not messages:
             return []
         check_executor(connection, asynchronous=False)
@@ -191,8 +193,8 @@ class Publisher:
 
     def _prepare(self, queue: str, bodies: Iterable[Any], headers: Mapping[str, str] | None,
                  delay: float | timedelta | None, at: datetime | None, priority: int,
-                 expires: Expiry | None,
-                 dedup_keys: Sequence[str | None] | None) -> NewMessages:
+                 expires: Expiry | None, dedup_keys: Sequence[str | None] | None,
+                 channel: str | None = None) -> NewMessages:
         return prepare(queue, bodies, headers=headers, delay=delay, at=at,
                        max_payload_bytes=self.max_payload_bytes, priority=priority,
-                       expires=expires, dedup_keys=dedup_keys)
+                       expires=expires, dedup_keys=dedup_keys, channel=channel)

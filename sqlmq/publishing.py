@@ -17,7 +17,7 @@ from .errors import PayloadTooLarge, PublishError
 from .records import NewMessages
 from .retry import MAX_DELAY
 from .schema import MAX_DEDUP_KEY, MAX_PRIORITY, MIN_PRIORITY
-from .subscriber import check_queue
+from .subscriber import check_name, check_queue
 
 
 def _delay_seconds(delay: float | timedelta | None) -> float:
@@ -149,12 +149,14 @@ def prepare(
     queue: str, bodies: Iterable[Any], *, headers: Mapping[str, str] | None,
     delay: float | timedelta | None, at: datetime | None, max_payload_bytes: int,
     priority: int = 0, expires: float | timedelta | datetime | None = None,
-    dedup_keys: Sequence[str | None] | None = None,
+    dedup_keys: Sequence[str | None] | None = None, channel: str | None = None,
 ) -> NewMessages:
     """Validate and encode everything before anything is written. ``dedup_keys``: one per
     body (see :mod:`sqlmq.engines.core_publish`)."""
     try:
         check_queue(queue)
+        if channel is not None:
+            check_name(channel, "channel name")
     except Exception as exc:
         raise PublishError(str(exc)) from None
     seconds = _delay_seconds(delay)
@@ -192,4 +194,4 @@ def prepare(
         payloads.append(payload)
         shared.append(h)
     return NewMessages(queue, payloads, shared, seconds, at, priority, expires_in, expires_at,
-                       _dedup_keys(dedup_keys, len(payloads)))
+                       _dedup_keys(dedup_keys, len(payloads)), channel)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 # The lifecycle owns the settlement and the history; they are re-exported here, where the
 # engines and the contract read the records that cross it.
 from .lifecycle import HISTORY_LIMIT, Settlement, append_history, history_entry
 from .new_messages import NewMessage, NewMessages
 
-__all__ = ["HISTORY_LIMIT", "Delivery", "NewMessage", "NewMessages", "Published",
+__all__ = ["HISTORY_LIMIT", "Cancellation", "Delivery", "NewMessage", "NewMessages", "Published",
            "QueueStats", "Settlement", "append_history", "history_entry"]
 
 
@@ -69,6 +69,13 @@ class Delivery:
     #: When it expires (database time; None: never). A delivery acquired at or after it is
     #: archived EXPIRED without running.
     expires_at: datetime | None = None
+    #: What the handler saved with its last defer (encoded; None: nothing), and how many
+    #: deliveries ended in a defer (not counted against ``max_deliveries``).
+    saved_state: bytes | None = None
+    defers: int = 0
+    #: ``Broker.cancel`` asked for it while it ran: set by the acquire, and by the lease
+    #: keeper for a delivery already held (the handler reads ``msg.cancel_requested``).
+    cancel_requested: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +88,28 @@ class QueueStats:
     failed: int
     oldest_ready_at: datetime | None
     expired: int = 0
+    cancelled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """What ``Broker.cancel(id)`` did. ``outcome``: ``"cancelled"`` (it was waiting: archived
+    CANCELLED, never to be delivered), ``"requested"`` (it is running: flagged, its handler
+    sees ``msg.cancel_requested``, and its result is archived CANCELLED unless it succeeds),
+    ``"archived"`` (it had ended already, as ``state``: nothing changed) or ``"unknown"``
+    (no message with that id, in the table or the archive)."""
+
+    id: int
+    outcome: Literal["cancelled", "requested", "archived", "unknown"]
+    #: The message's state now: CANCELLED, PROCESSING, its archive state, or None.
+    state: str | None = None
+
+    def __str__(self) -> str:
+        return {
+            "cancelled": f"message {self.id} was waiting: cancelled, it will not run",
+            "requested": f"message {self.id} is running: cancellation requested (its handler "
+                         "sees msg.cancel_requested; unless it succeeds it ends CANCELLED)",
+            "archived": f"message {self.id} had already ended as {self.state}: nothing to "
+                        "cancel",
+            "unknown": f"no message {self.id} (not waiting, running or archived)",
+        }[self.outcome]

@@ -3,7 +3,8 @@
 Users can hand :data:`metadata` (or one built with another prefix) to Alembic. Two
 invariants the engines rely on are encoded here:
 
-* ``next_attempt_at`` is NULL exactly while a message is PROCESSING. The acquire predicate
+* ``next_attempt_at`` is NULL exactly while a message is PROCESSING, or waits in a channel
+  (on ``channel_due_at``, read by the channels' acquire). The acquire predicate
   is then ``next_attempt_at <= now``, read from the index ``(queue, priority DESC,
   next_attempt_at, id)`` in acquire's order (``priority`` ascending on MySQL and MariaDB,
   see :func:`ready_index_asc`): no state filter, no sort of a whole backlog, on every
@@ -41,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 10
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -137,6 +138,46 @@ def _priority() -> Column[int]:
     return Column("priority", Integer, nullable=False, server_default=text("0"))
 
 
+def _control_columns() -> list[Column[Any]]:
+    """Defer and cancellation (schema version 9; see :mod:`sqlmq.engines.core_control`): what
+    a handler saved with its last defer (see :func:`sqlmq.codec.encode_state`; NULL:
+    nothing), how many of its deliveries ended in a defer (``max_deliveries`` does not count
+    those), and whether a cancellation was asked for while it ran (1: any result but a
+    success archives it CANCELLED, and an acquire archives it so without running it)."""
+    return [Column("saved_state", _payload()),
+            Column("defers_count", Integer, nullable=False, server_default=text("0")),
+            Column("cancel_requested", Integer, nullable=False, server_default=text("0"))]
+
+
+def _key_and_lease_indexes(m: str) -> list[Index]:
+    """The unique deduplication keys per queue (schema version 6), and the leases that
+    lease recovery reads; partial where the database can."""
+    return [Index(f"ux_{m}_dedup", "queue", "dedup_key", unique=True,
+                  postgresql_where=text("dedup_key IS NOT NULL"),
+                  sqlite_where=text("dedup_key IS NOT NULL")),
+            Index(f"ix_{m}_lease", "lease_expires_at",
+                  postgresql_where=text("lease_expires_at IS NOT NULL"),
+                  sqlite_where=text("lease_expires_at IS NOT NULL"))]
+
+
+def _channel_columns() -> list[Column[Any]]:
+    """Channels (schema version 10; see :mod:`sqlmq.channels`): the channel a message was
+    published to (NULL: none), and while it waits, when it is due. A channel's message keeps
+    ``next_attempt_at`` NULL, so the plain acquire (the ready index) never sees it; the
+    channels' acquire reads ``channel_index``."""
+    return [Column("channel", QueueName()), Column("channel_due_at", UTCDateTime())]
+
+
+def channel_index(message: Table) -> Index:
+    """``(channel, state, channel_due_at)``: a channel's running deliveries (the count its
+    concurrency limit is held to), its due messages in order, and its size. Partial where
+    the database can (no entry for a message without a channel); MySQL and MariaDB cannot."""
+    return Index(f"ix_{message.name}_channel", message.c.channel, message.c.state,
+                 message.c.channel_due_at,
+                 postgresql_where=text("channel IS NOT NULL"),
+                 sqlite_where=text("channel IS NOT NULL"))
+
+
 def ready_index(message: Table) -> Index:
     """The index acquire reads on PostgreSQL and SQLite, in acquire's order: highest priority
     first, then ready time, then id (FIFO within a priority). Partial: PROCESSING rows (no
@@ -176,6 +217,11 @@ def dedup_index_of(schema: Schema) -> Index:
     return _index_of(schema, f"ux_{schema.message.name}_dedup")
 
 
+def channel_index_of(schema: Schema) -> Index:
+    """The channel index of ``schema``'s message table (schema version 10)."""
+    return _index_of(schema, f"ix_{schema.message.name}_channel")
+
+
 def _index_of(schema: Schema, name: str) -> Index:
     return next(ix for ix in schema.message.indexes if ix.name == name)
 
@@ -204,6 +250,10 @@ class Schema:
     #: :mod:`sqlmq.schedules`).
     schedule: Table
     schedule_tick: Table
+    #: Channels and the queues' defaults for them (schema version 10; see
+    #: :mod:`sqlmq.channels`).
+    channel: Table
+    channel_default: Table
 
     @property
     def names(self) -> dict[str, str]:
@@ -241,23 +291,16 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # rows of this table, so while a message waits or runs, a publish with its key finds
         # it (see sqlmq.engines.core_publish); an archived message has left the table and freed it.
         Column("dedup_key", DedupKey()),
-        Index(
-            f"ux_{m}_dedup", "queue", "dedup_key", unique=True,
-            postgresql_where=text("dedup_key IS NOT NULL"),
-            sqlite_where=text("dedup_key IS NOT NULL"),
-        ),
-        Index(
-            f"ix_{m}_lease",
-            "lease_expires_at",
-            postgresql_where=text("lease_expires_at IS NOT NULL"),
-            sqlite_where=text("lease_expires_at IS NOT NULL"),
-        ),
+        *_control_columns(),  # schema version 9
+        *_channel_columns(),  # schema version 10
+        *_key_and_lease_indexes(m),
         # Without AUTOINCREMENT SQLite reuses the ids of deleted rows: once the newest
         # messages are archived, a new message would get an id the archive already has.
         sqlite_autoincrement=True,
     )
     ready_index(message)
     ready_index_asc(message)
+    channel_index(message)
     a = f"{prefix}archive"
     archive = Table(
         a,
@@ -287,7 +330,43 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("applied_at", UTCDateTime(), nullable=False),
     )
     return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md),
-                  _topic_group(prefix, md), *_schedule_tables(prefix, md))
+                  _topic_group(prefix, md), *_schedule_tables(prefix, md),
+                  *_channel_tables(prefix, md))
+
+
+def _channel_settings() -> list[Column[Any]]:
+    return [Column("max_concurrency", Integer), Column("rate", Float),
+            Column("ordered", Integer, nullable=False, server_default=text("0")),
+            Column("max_size", Integer)]
+
+
+def _channel_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
+    """``channel``: a row per channel, made by its first publish (or by its settings): the
+    queue of that publish (whose default it takes), its own settings if ``configured``,
+    when it was last served (fair sharing serves the least recently served first; the
+    channels one acquire served share its time, and ``served_rank`` keeps the order it served
+    them in, so that the next acquire does not favour the first names) and when
+    its rate lets it start next. Its acquires lock the row, so they take turns per channel.
+    ``channel_default``: a queue's settings for its channels without their own."""
+    channel = Table(
+        f"{prefix}channel",
+        md,
+        Column("name", QueueName(), primary_key=True),
+        Column("queue", QueueName(), nullable=False),
+        Column("configured", Integer, nullable=False, server_default=text("0")),
+        *_channel_settings(),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Column("served_at", UTCDateTime()),
+        Column("served_rank", Integer),
+        Column("next_start_at", UTCDateTime()),
+    )
+    default = Table(
+        f"{prefix}channel_default",
+        md,
+        Column("queue", QueueName(), primary_key=True),
+        *_channel_settings(),
+    )
+    return channel, default
 
 
 def _topic_group(prefix: str, md: MetaData) -> Table:

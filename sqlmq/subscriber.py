@@ -101,6 +101,9 @@ class SubscriberConfig:
             raise ConfigurationError("prefetch must be at least 1")
         if self.lease <= 0:
             raise ConfigurationError("lease must be positive")
+        if self.flush_interval < 0:
+            raise ConfigurationError("flush_interval must be 0 (write each result at once) or "
+                                     "more")
         if self.recovery_interval <= 0:
             raise ConfigurationError("recovery_interval must be positive")
         if self.min_fetch_interval < 0 or self.max_fetch_interval < self.min_fetch_interval:

@@ -226,6 +226,21 @@ def speed_up(broker: Broker, factor: float = 10.0) -> None:
         engine.clock = lambda: start + (base() - start) * factor
 
 
+async def wait_for_count(count: Callable[[], int], target: int, *, stall: float = 20.0,
+                         message: str = "progress") -> None:
+    """Wait until ``count()`` reaches ``target``, failing only when it stops moving for
+    ``stall`` seconds: a long run of steps tests that each step happens, not how fast a
+    loaded machine makes them."""
+    loop = asyncio.get_running_loop()
+    last, since = count(), loop.time()
+    while (now_at := count()) < target:
+        if now_at != last:
+            last, since = now_at, loop.time()
+        elif loop.time() - since > stall:
+            pytest.fail(f"{message}: stuck at {now_at} of {target} for {stall}s")
+        await asyncio.sleep(0.02)
+
+
 async def archived(broker: Broker, msg_id: int) -> Any:
     """Wait until ``msg_id`` is in the archive and return its row."""
     found: list[Any] = []

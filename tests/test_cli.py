@@ -242,3 +242,62 @@ async def test_schedules_command_lists_last_and_next_tick_and_deletes(
             "sqlmq: error: no schedule named 'beat' (schedules: 'nightly')")
     finally:
         await broker.close()
+
+
+async def test_cancel_command_answers_for_each_id(
+        db_url: str, prefix: str, cli_tables: None) -> None:
+    await arun("migrate", "--url", db_url, "--prefix", prefix)
+    broker = Broker(db_url, table_prefix=prefix)
+    try:
+        running = await broker.publish("jobs", "r")
+        waiting = await broker.publish("jobs", "w")
+        await broker.engine.acquire(["jobs"], 1, 30)  # the oldest, ``running``, now runs
+        listed = json.loads((await arun("cancel", "--url", db_url, "--prefix", prefix,
+                                         str(waiting), "--json")).stdout)
+        assert listed == [{"id": waiting, "outcome": "cancelled", "state": "CANCELLED"}]
+        plain = await asyncio.to_thread(run_cli, "cancel", "--url", db_url, "--prefix",
+                                        prefix, str(running), str(waiting), "999999")
+        assert plain.returncode == 1 and plain.stdout.splitlines() == [
+            f"message {running} is running: cancellation requested (its handler sees "
+            "msg.cancel_requested; unless it succeeds it ends CANCELLED)",
+            f"message {waiting} had already ended as CANCELLED: nothing to cancel",
+            "no message 999999 (not waiting, running or archived)"]
+        assert await broker.engine.cancel_requests([running]) == {running}
+    finally:
+        await broker.close()
+
+
+async def test_channels_command_sets_lists_and_resets(
+        db_url: str, prefix: str, cli_tables: None) -> None:
+    await arun("migrate", "--url", db_url, "--prefix", prefix)
+    broker = Broker(db_url, table_prefix=prefix)
+    base = ("--url", db_url, "--prefix", prefix)
+    try:
+        await broker.publish("jobs", "a", channel="tenant-1")
+        await broker.publish("jobs", "b", channel="tenant-1")
+        await broker.publish("jobs", "c", channel="tenant-2")
+        out = await arun("channels", "set", *base, "tenant-1", "--max-concurrency", "2",
+                         "--rate", "5")
+        assert out.stdout.strip() == "channel 'tenant-1': max_concurrency=2 rate=5.0"
+        out = await arun("channels", "default", *base, "jobs", "--ordered")
+        assert out.stdout.strip().endswith("ordered=True")
+        await broker.engine.acquire(["jobs"], 10, 30)
+        listed = {c["name"]: c for c in json.loads(
+            (await arun("channels", "list", *base, "--json")).stdout)}
+        assert (listed["tenant-1"]["own"], listed["tenant-1"]["max_concurrency"],
+                listed["tenant-1"]["rate"]) == (True, 2, 5.0)
+        assert (listed["tenant-2"]["own"], listed["tenant-2"]["ordered"]) == (False, True)
+        running = sum(c["running"] for c in listed.values())
+        waiting = sum(c["waiting"] for c in listed.values())
+        assert (running, waiting) == (2, 1)  # tenant-1 by its rate, tenant-2 its head
+        plain = await asyncio.to_thread(run_cli, "channels", "list", *base)
+        assert plain.returncode == 0 and "(queue default)" in plain.stdout
+        await arun("channels", "reset", *base, "tenant-1")
+        (one,) = [c for c in await broker.channels() if c.name == "tenant-1"]
+        assert one.settings is None and one.effective.ordered
+        bad = await asyncio.to_thread(run_cli, "channels", "reset", *base, "nobody")
+        assert bad.returncode != 0 and "no channel named 'nobody'" in bad.stderr
+        bad = await asyncio.to_thread(run_cli, "channels", "set", *base, "x", "--rate", "-1")
+        assert bad.returncode != 0 and "rate must be a positive number" in bad.stderr
+    finally:
+        await broker.close()

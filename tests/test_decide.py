@@ -39,6 +39,8 @@ class D:
     defect: str | None = None
     acquired_at: datetime = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
     expires_at: datetime | None = None
+    defers: int = 0
+    cancel_requested: bool = False
 
 
 @dataclass
@@ -311,6 +313,45 @@ def test_every_ending_is_decided() -> None:
         assert isinstance(s, Settlement) and s.id == 7
 
 
-def test_only_complete_fail_and_expire_archive() -> None:
+def test_only_complete_fail_expire_and_cancel_archive() -> None:
     assert {o for o in Outcome if o.archives} == {Outcome.COMPLETE, Outcome.FAIL,
-                                                  Outcome.EXPIRE}
+                                                  Outcome.EXPIRE, Outcome.CANCEL}
+
+
+# ---- defer and cancellation ----------------------------------------------------------------
+
+
+def test_a_defer_is_neither_an_attempt_nor_a_failure() -> None:
+    at = datetime(2026, 1, 1, 13, 0, tzinfo=UTC)
+    s = decide(D(deliveries=3, attempts=1), P(), decision=Decision(
+        "defer", delay=None, at=at, saved_state=b"x"))
+    assert (s.outcome, s.attempted, s.at, s.saved_state, s.delay) == (
+        Outcome.DEFER, False, at, b"x", 0.0)
+    assert ended(s) == "deferred" and s.error is None
+    # even after the handler raised: the defer it asked for wins, as ack and nack do
+    assert decide(D(), P(), boom(), Decision("defer", delay=5.0)).outcome is Outcome.DEFER
+
+
+def test_deliveries_that_ended_in_a_defer_do_not_count_against_max_deliveries() -> None:
+    policy = P(max_deliveries=3)
+    assert unrunnable(D(deliveries=1003, defers=1000), policy) is None
+    assert not exceeds_max_deliveries(D(deliveries=1003, defers=1000), policy)
+    assert unrunnable(D(deliveries=1004, defers=1000), policy) is Ending.MAX_DELIVERIES
+    s = decide(D(deliveries=1004, defers=1000), policy, ending=Ending.MAX_DELIVERIES)
+    assert "(4 > 3)" in (s.error or "")
+
+
+def test_a_flagged_delivery_is_cancelled_unrun_and_unless_it_succeeds() -> None:
+    flagged = D(cancel_requested=True)
+    assert unrunnable(flagged, P()) is Ending.CANCELLED
+    assert unrunnable(D(cancel_requested=True, defect="bad"), P()) is Ending.UNDECODABLE_ROW
+    unrun = decide(flagged, P(), ending=Ending.CANCELLED)
+    assert (unrun.outcome, unrun.attempted, ended(unrun)) == (Outcome.CANCEL, False, "cancelled")
+    assert decide(flagged, P()).outcome is Outcome.COMPLETE  # it succeeded: completed
+    assert decide(flagged, P(), decision=Decision("ack")).outcome is Outcome.COMPLETE
+    failed = decide(flagged, P(), boom())
+    assert failed.outcome is Outcome.CANCEL and "ValueError: boom" in (failed.error or "")
+    for decision in (Decision("nack"), Decision("reject"), Decision("defer")):
+        assert decide(flagged, P(), decision=decision).outcome is Outcome.CANCEL
+    for ending in (Ending.UNSTARTED, Ending.CUT_SHORT, Ending.ABANDONED, Ending.EXPIRED):
+        assert decide(flagged, P(), ending=ending).outcome is Outcome.CANCEL

@@ -166,6 +166,17 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
         step = timedelta(seconds=0.2)  # (a late round may skip a tick: catch_up="latest")
         assert len(ticks) == len(set(ticks)) >= 3 and all(
             (t - ticks[0]) % step == timedelta(0) for t in ticks), ticks
+    elif "handled.append" in snippet.code:  # README's channels
+        assert sorted(namespace["handled"]) == sorted([f"u{i}" for i in range(20)] + ["vip"])
+        assert {c.name: (c.effective.max_concurrency, c.waiting) for c in
+                await broker.channels()} == {"tenant-1": (2, 0), "tenant-2": (4, 0),
+                                             "mailer-api": (None, 0)}
+    elif "pages.append(done)" in snippet.code:  # README's defer and cancel
+        assert namespace["pages"] == [0, 1, 2, 3]
+        states = sorted(r["state"] for r in await rows(broker, "archive", queue="exports"))
+        assert states == ["CANCELLED", "COMPLETED"]
+        (row,) = await rows(broker, "archive", queue="exports", state="COMPLETED")
+        assert (row["attempts_count"], row["deliveries_count"]) == (1, 4)
     elif "ack_policy=" in snippet.code:
         (sub,) = broker.subscribers
         assert sub.queues == ("orders", "refunds")

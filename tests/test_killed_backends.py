@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
+import asyncpg
 import pytest
-from sqlalchemy import make_url, text
+from sqlalchemy import event, make_url, text
 
-from sqlmq import Broker, Message, Outcome, PublishOutcomeUnknown, Settlement
+from sqlmq import Broker, ChannelSettings, Message, Outcome, PublishOutcomeUnknown, Settlement
 
 from .conftest import rows, wait_until
 
@@ -190,3 +192,53 @@ async def test_every_kept_connection_killed_costs_one_retry_not_one_each(
     await asyncio.gather(*(victim.publish("q", str(i)) for i in range(20)))
     assert len(await rows(broker)) == 43
     assert not _tracebacks(caplog)
+
+
+
+async def test_channel_and_cancel_calls_run_again_when_a_pooled_connection_is_dead(
+    victim: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The channels' acquire, their settings and the cancellation calls run on pool
+    connections: one the server ended while it sat in the pool can fail the pool's
+    pre-ping with asyncpg's ``cannot switch to state`` before anything is sent, which the
+    pool passes on. Each call runs again on another connection, where the fetch loop had
+    logged ``fetch for drain failed (InternalClientError: cannot switch to state 11; ...)``
+    in CI. That pre-ping failure is raised here at check-out (the server's timing decides
+    whether a real kill lands in its window); the statements run on PostgreSQL."""
+    caplog.set_level(logging.WARNING, logger="sqlmq")
+    engine = victim.engine
+    await victim.set_channel("c", max_concurrency=5)
+    ids = [await victim.publish("q", b"x", channel="c") for _ in range(2)]
+    dead = [0]
+
+    def checkout(*_: object) -> None:
+        if dead[0]:
+            dead[0] -= 1
+            raise asyncpg.InternalClientError(
+                "cannot switch to state 11; another operation (2) is in progress")
+
+    event.listen(victim.db.sync_engine.pool, "checkout", checkout)
+    calls: list[Callable[[], Awaitable[Any]]] = [
+        lambda: engine.acquire(["q"], 1, 30.0),
+        lambda: engine.cancel_requests(ids),
+        engine.channels,
+        engine.channel_defaults,
+        lambda: engine.set_channel("c", None, ChannelSettings(max_concurrency=4)),
+        lambda: engine.set_channel_default("q", ChannelSettings(rate=5.0)),
+        lambda: engine.cancel(ids[1]),
+    ]
+    results = []
+    for call in calls:
+        engine._channels_seen = False  # the acquire looks for channels again
+        engine._channels_looked_at = float("-inf")
+        dead[0] = 1
+        results.append(await call())
+        assert dead[0] == 0
+    assert [d.id for d in results[0]] == [ids[0]]
+    assert results[1] == set()
+    assert [c.name for c in results[2]] == ["c"]
+    assert results[4] is True
+    assert results[6].outcome == "cancelled"
+    assert await engine.channel_defaults() == {"q": ChannelSettings(rate=5.0)}
+    assert len([r for r in caplog.records if "discarded it" in r.getMessage()]) == len(calls)
+    assert _tracebacks(caplog) == []

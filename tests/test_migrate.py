@@ -80,7 +80,8 @@ def _v2_metadata(schema: Any) -> MetaData:
     later versions' columns), the ready index ``ix_…_ready`` on ``(queue, next_attempt_at,
     id)`` on every database."""
     md = MetaData()
-    later = {"priority", "expires_at", "dedup_key"}
+    later = {"priority", "expires_at", "dedup_key", "saved_state", "defers_count",
+             "cancel_requested"}
     for t in schema.metadata.sorted_tables:
         old = Table(t.name, md, *[c._copy() for c in t.columns if c.name not in later],
                     **t.dialect_kwargs)
@@ -127,7 +128,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 8
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 10
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -177,6 +178,12 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
         async with brokers[0].db.connect() as conn:
             assert await conn.run_sync(
                 lambda c: inspect(c).has_table(schema.topic_group.name))
+        # version 9: defer and cancellation; old rows have saved nothing and are not flagged
+        assert cols[schema.message.name]["defers_count"]["nullable"] is False
+        async with brokers[0].db.connect() as conn:
+            m = schema.message
+            assert (await conn.execute(select(m.c.saved_state, m.c.defers_count,
+                                              m.c.cancel_requested))).all() == [(None, 0, 0)] * 4
         pending, retryable = kept[0].id, kept[1].id
 
         # The migrated table works: a new high-priority message goes before the old ones.
@@ -184,6 +191,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
         taken = await brokers[0].engine.acquire(["q"], 10, 30)
         assert [d.id for d in taken] == [urgent, pending, retryable]
         assert [d.priority for d in taken] == [5, 0, 0]
+        assert [(d.defers, d.cancel_requested) for d in taken] == [(0, False)] * 3
         first = await brokers[0].publish("q", b"keyed", dedup_key="k")
         again = await brokers[0].publish("q", b"keyed", dedup_key="k")
         assert (int(again), again.duplicate, first.duplicate) == (first, True, False)
@@ -227,7 +235,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 8
+        assert await broker.migrate() == SCHEMA_VERSION == 10
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sqlmq.errors import ConfigurationError
 from sqlmq.lifecycle import Outcome, Settlement
 from sqlmq.records import Delivery
 from sqlmq.runtime import SubscriberRuntime
@@ -46,6 +47,7 @@ class ScriptedEngine:
         self.extends: list[list[tuple[int, int]]] = []
         self.acquires: list[int] = []
         self.hold: asyncio.Event | None = None
+        self.cancelled: set[int] = set()  # ids another process asked to cancel
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         self.acquires.append(limit)
@@ -74,6 +76,9 @@ class ScriptedEngine:
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
         self.extends.append(list(leases))
         return {i for i, _ in leases if i not in self.stale}
+
+    async def cancel_requests(self, ids: Sequence[int]) -> set[int]:
+        return set(ids) & self.cancelled
 
     def commit_counter(self) -> Callable[[], int | None] | None:
         return None
@@ -197,11 +202,60 @@ async def test_flusher_stop_ends_its_loop_and_writes_what_waits() -> None:
     assert f.results == [] and counters.completed == 1
 
 
+async def test_flusher_with_no_interval_writes_each_result_at_once_without_spinning() -> None:
+    engine = ScriptedEngine()
+    f, _, counters = flusher(engine, flush_interval=0)
+    flushes = 0
+    original = f.flush_once
+
+    async def counted() -> None:
+        nonlocal flushes
+        flushes += 1
+        await original()
+
+    f.flush_once = counted  # type: ignore[method-assign]
+    f.start("test")
+    await asyncio.sleep(0.05)
+    assert flushes == 0  # a timeout of 0 in wait_for made this loop run thousands of times
+    await f.record(Settlement(1, 1, Outcome.COMPLETE))
+    await until(lambda: counters.completed == 1)
+    assert flushes == 1
+    engine.fail_settles = 1  # a failed flush is tried again after its backoff, unprompted
+    await f.record(Settlement(2, 1, Outcome.COMPLETE))
+    await until(lambda: counters.completed == 2)
+    assert flushes == 3
+    await f.stop(5)
+
+
+async def test_flusher_tells_the_fetcher_when_a_written_result_makes_a_message_ready() -> None:
+    engine = ScriptedEngine()
+    engine.stale = {4}
+    ready: list[int] = []
+    f = Flusher(engine, config(), RuntimeCounters(), Holdings(), lambda: None,
+                ready=lambda: ready.append(1))
+    for batch in ([Settlement(1, 1, Outcome.COMPLETE), Settlement(2, 1, Outcome.RETRY, delay=5)],
+                  [Settlement(3, 1, Outcome.DEFER, at=NOW)],
+                  [Settlement(4, 1, Outcome.DEFER)],  # stale: nothing was made ready
+                  [Settlement(5, 1, Outcome.DEFER, attempted=False)],
+                  [Settlement(6, 1, Outcome.RETRY)]):
+        for s in batch:
+            f.add(s)
+        await f.flush_once()
+        ready.append(0)
+    assert ready == [0, 0, 0, 1, 0, 1, 0]
+
+
+def test_a_negative_flush_interval_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="flush_interval"):
+        config(flush_interval=-1)
+
+
 # ---- lease keeper --------------------------------------------------------------------------
 
 async def test_lease_keeper_renews_every_held_lease_and_marks_lost_ones() -> None:
     engine = ScriptedEngine()
     engine.stale = {2, 3}
+    engine.cancelled = {1, 7}
     holdings, counters, settling = Holdings(), RuntimeCounters(), [Settlement(3, 1,
                                                                               Outcome.COMPLETE)]
     keeper = LeaseKeeper(engine, config(), counters, holdings, settling)
@@ -211,6 +265,8 @@ async def test_lease_keeper_renews_every_held_lease_and_marks_lost_ones() -> Non
     assert engine.extends == [[(1, 1), (2, 1), (3, 1)]]
     # 3 is missing because its result was written meanwhile: settled, not lost
     assert holdings.lost == {(2, 1)} and counters.lost_leases == 1
+    # and the cancellation another process asked for reaches the held delivery
+    assert [d.cancel_requested for d in holdings.held.values()] == [True, False, False]
     assert await keeper.extend(delivery(1), 60) is True
     assert await keeper.extend(delivery(2), 60) is False
 

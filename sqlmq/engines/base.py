@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cached_property
 from typing import Any, NoReturn
 
@@ -31,10 +31,12 @@ from ..connect import READ_ONLY, create_async, create_sync, sync_url
 from ..errors import ConfigurationError
 from ..lifecycle import Outcome, State
 from ..migrate import MigrationLock, check_schema, migrate
-from ..records import Delivery, NewMessage, NewMessages, QueueStats, Settlement
+from ..records import NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
 from ..sqltime import db_now_plus
 from .contract import WakeSource
+from .core_channels import ChannelAdmin, ChannelStatements, channel_flow
+from .core_control import ControlStatements
 from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sync
 from .core_schedules import ScheduleRegistry
 from .core_topics import TopicGroups
@@ -177,7 +179,8 @@ async def discard(conn: AsyncConnection) -> None:
         await conn.close()
 
 
-class SqlEngine(OnwardSettle, TopicGroups, ScheduleRegistry, KeptConnections):
+class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements, TopicGroups,
+                ScheduleRegistry, KeptConnections):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 
@@ -278,6 +281,10 @@ class SqlEngine(OnwardSettle, TopicGroups, ScheduleRegistry, KeptConnections):
 
     def _publish_flow(self, messages: NewMessages) -> Callable[[Dialect], Flow]:
         """The Core publish of ``messages``, for a connection's dialect."""
+        if messages.channel is not None:
+            self._saw_channels()
+            return lambda dialect: channel_flow(self.schema, dialect, messages,
+                                                self._wake_statement(messages))
         return lambda dialect: publish_flow(self.schema.message, dialect, messages,
                                             self._wake_statement(messages))
 
@@ -394,7 +401,8 @@ class ArchiveAndStatsMixin:
         from sqlalchemy import select
 
         a, m = self.schema.archive, self.schema.message
-        ended = [s.id for s in settlements if s.outcome in ARCHIVING]
+        ended = [s.id for s in settlements if s.outcome in ARCHIVING or
+                 s.outcome is Outcome.DEFER]  # a defer of a cancelled message archives it
         back = [s.id for s in settlements if s.outcome not in ARCHIVING]
         async with self.db.connect() as conn:
             await conn.execution_options(**{READ_ONLY: True})
@@ -406,8 +414,7 @@ class ArchiveAndStatsMixin:
                        m.c.history).where(m.c.id.in_(back))
             )} if back else {}
         return {s.id for s in settlements
-                if _shows(s, archived.get(s.id) if s.outcome in ARCHIVING
-                          else queued.get(s.id))}
+                if _shows(s, archived.get(s.id), queued.get(s.id))}
 
     async def requeue_archived(
         self, *, queue: str | None = None, ids: Sequence[int] | None = None,
@@ -488,21 +495,31 @@ class ArchiveAndStatsMixin:
                 failed=c.get(State.FAILED, 0),
                 oldest_ready_at=c["oldest"],
                 expired=c.get(State.EXPIRED, 0),
+                cancelled=c.get(State.CANCELLED, 0),
             )
             for q, c in sorted(counts.items())
         ]
 
 
-def _shows(s: Settlement, row: Any) -> bool:
-    """Whether ``row`` (the archive row for an ending, else the message row) is what
-    settlement ``s`` leaves. Only the holder of delivery ``(id, deliveries)`` can write it:
-    an archive row or a RETRYABLE row with that delivery number; for a refunded release,
-    PENDING one delivery back (a lease recovery never refunds); for another release, PENDING
-    at that delivery without the ``lease_expired`` entry a recovery would have added."""
-    if row is None:
+def _shows(s: Settlement, archived: Any, row: Any) -> bool:
+    """Whether the archive row ``archived`` or the message row ``row`` is what settlement
+    ``s`` leaves. Only the holder of delivery ``(id, deliveries)`` can write it: an archive
+    row (CANCELLED for a defer of a message cancelled meanwhile) or a RETRYABLE row with
+    that delivery number; for a defer, PENDING at that delivery with the ``deferred`` entry
+    last; for a refunded release, PENDING one delivery back (a lease recovery never
+    refunds); for another release, PENDING at that delivery without the ``lease_expired``
+    entry a recovery would have added."""
+    if archived is not None:
+        return bool(archived.deliveries_count == s.deliveries and (
+            archived.state == s.outcome.value
+            or (s.outcome is Outcome.DEFER and archived.state == State.CANCELLED)))
+    if row is None or s.outcome in ARCHIVING:
         return False
-    if s.outcome in ARCHIVING:
-        return bool(row.state == s.outcome.value and row.deliveries_count == s.deliveries)
+    if s.outcome is Outcome.DEFER:
+        last = (_as_json(row.history) or [{}])[-1]
+        return bool(row.state == State.PENDING and row.lease_expires_at is None
+                    and row.deliveries_count == s.deliveries
+                    and last == {"delivery": s.deliveries, "ended": "deferred"})
     if s.outcome is Outcome.RETRY:
         return bool(row.state == State.RETRYABLE and row.deliveries_count == s.deliveries)
     if row.state != State.PENDING or row.lease_expires_at is not None:
@@ -513,156 +530,3 @@ def _shows(s: Settlement, row: Any) -> bool:
     recovered = isinstance(last, dict) and last.get("ended") == "lease_expired" and \
         last.get("delivery") == s.deliveries
     return bool(row.deliveries_count == s.deliveries and not recovered)
-
-
-# ---- decoding a batch of rows (the MariaDB and SQLite engines read plain tuples) -------------
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def ready_order(d: Delivery) -> tuple[int, datetime, int]:
-    """The order acquire hands messages out in: highest priority first, then by schedule,
-    then id."""
-    return (-d.priority, d.scheduled_at or _EPOCH, d.id)
-
-
-class RowDecodeError(ValueError):
-    """A column of an acquired row that does not hold what sqlmq wrote there (a hand edit,
-    another writer, a bad migration); the message names the column and the problem."""
-
-
-class BatchHeaders(dict[Any, dict[str, str]]):
-    """Decodes the headers of one batch, each distinct text once: messages published
-    together mostly carry the same headers. Every message gets its own dict (a handler may
-    change it); headers map strings to strings, so a shallow copy is a full one."""
-
-    def __call__(self, value: str | bytes | None) -> dict[str, str]:
-        if value is None:
-            return {}
-        decoded = self.get(value)
-        if decoded is None:
-            decoded = self[value] = _headers(value)
-        return dict(decoded)
-
-
-class BatchHeaderTexts(dict[int, str]):
-    """Encodes the headers of one batch being published, each distinct dict once: a batch
-    shares one dict per content type (see :func:`sqlmq.publishing.prepare`), told apart by
-    identity, so equal dicts from elsewhere are merely encoded twice. The batch's messages
-    keep their dicts alive meanwhile, so an id is not reused."""
-
-    def __call__(self, headers: dict[str, str]) -> str:
-        text = self.get(id(headers))
-        if text is None:
-            text = self[id(headers)] = json.dumps(headers)
-        return text
-
-
-def _headers(value: Any) -> dict[str, str]:
-    """Checked once per distinct text: the runtime and handlers rely on string values."""
-    if isinstance(value, str | bytes):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise RowDecodeError(f"headers are not valid JSON: {exc}") from None
-    value = value or {}
-    if not isinstance(value, dict):
-        raise RowDecodeError(f"headers are a JSON {_json_kind(value)}, not an object")
-    for key, item in value.items():
-        if not isinstance(item, str):
-            raise RowDecodeError(f"header {key!r} is a JSON {_json_kind(item)}, not a string")
-    return value
-
-
-def decode_history(value: Any) -> list[dict[str, Any]]:
-    """A row's ``history`` column: a JSON array of objects (the runtime reads their keys)."""
-    if value is None:
-        return []
-    if isinstance(value, str | bytes):
-        if value == "[]":
-            return []
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise RowDecodeError(f"history is not valid JSON: {exc}") from None
-    if not isinstance(value, list):
-        raise RowDecodeError(f"history is a JSON {_json_kind(value)}, not an array")
-    for entry in value:
-        if not isinstance(entry, dict):
-            raise RowDecodeError(f"history holds a JSON {_json_kind(entry)}, not an object")
-    return value
-
-
-def blob(value: Any) -> bytes:
-    """A row's ``payload``, which sqlmq always writes as a BLOB (SQLite lets a hand edit store
-    TEXT or a number there instead)."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    kind = "TEXT" if isinstance(value, str) else type(value).__name__
-    raise RowDecodeError(f"payload is stored as {kind}, not as a BLOB")
-
-
-def _json_kind(value: Any) -> str:
-    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
-             float: "number", type(None): "null"}
-    return kinds.get(type(value), type(value).__name__)
-
-
-def decode_rows(rows: Sequence[Any], decode: Callable[[Any], Delivery],
-                undecodable: Callable[[Any, BaseException], Delivery]) -> list[Delivery]:
-    """Deliveries from the rows of one acquire. The rows are already PROCESSING when they
-    are decoded, so a row that fails must not take its batch down with it: the whole batch
-    is decoded at once (the hot path), and only if that fails is each row decoded alone,
-    those that fail becoming ``undecodable(row, error)`` (a delivery with ``defect`` set,
-    which the runtime archives FAILED through the usual fenced settle)."""
-    try:
-        return [decode(r) for r in rows]
-    except Exception:
-        pass
-    out = []
-    for r in rows:
-        try:
-            out.append(decode(r))
-        except Exception as exc:
-            out.append(undecodable(r, exc))
-    return out
-
-
-def undecodable_delivery(msg_id: int, queue: str, attempts: int, deliveries: int,
-                         exc: BaseException) -> Delivery:
-    """The delivery of a row that could not be decoded: its fencing token and counters, and
-    the reason; nothing else of it is read."""
-    reason = str(exc) if isinstance(exc, RowDecodeError) else f"{type(exc).__name__}: {exc}"
-    return Delivery(msg_id, queue, {}, b"", attempts, deliveries, _EPOCH, None, _EPOCH, _EPOCH,
-                    _EPOCH, [], f"undecodable row: {reason}"[:2000])
-
-
-def leased_delivery(message: NewMessage, msg_id: int, now: datetime,
-                    lease_expires_at: datetime, expires_at: datetime | None = None) -> Delivery:
-    """The delivery of a message published already acquired (``publish_leased``): the row
-    an acquire at ``now`` would have left, its first delivery; ``expires_at`` as stored."""
-    return Delivery(msg_id, message.queue, dict(message.headers), message.payload, 0, 1, now,
-                    now, now, lease_expires_at, now, [], priority=message.priority,
-                    expires_at=expires_at)
-
-
-class BatchTimes(dict[Any, datetime]):
-    """The driver's values of one batch's timestamps as aware UTC datetimes, each distinct
-    value converted once: a batch's rows share their acquisition and lease times, and often
-    their creation and schedule (datetimes are immutable, so sharing them is safe)."""
-
-    def __init__(self, convert: Callable[[Any], datetime]) -> None:
-        super().__init__()
-        self.convert = convert
-
-    def __call__(self, value: Any) -> Any:
-        if value is None:
-            return None
-        converted = self.get(value)
-        if converted is None:
-            try:
-                converted = self[value] = self.convert(value)
-            except Exception as exc:  # e.g. text that is no date, 'infinity' on PostgreSQL
-                raise RowDecodeError(f"malformed timestamp {value!r}: {exc}") from None
-        return converted
-

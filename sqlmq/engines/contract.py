@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from ..channels import ChannelInfo, ChannelSettings
 from ..lifecycle import State
-from ..records import Delivery, NewMessage, NewMessages, QueueStats, Settlement
+from ..records import Cancellation, Delivery, NewMessage, NewMessages, QueueStats, Settlement
 from ..schedules import Schedule, ScheduleInfo
 from ..schema import Schema
 from ..topics import TopicGroup
@@ -134,9 +135,41 @@ class Engine(Protocol):
         ...
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
-        """Apply a batch of results in one transaction: archive, retry or release; and
+        """Apply a batch of results in one transaction: archive, retry, release or defer
+        (a defer of a message whose cancellation was asked for archives it CANCELLED); and
         publish the ``outputs`` of the settlements that land (a pipeline step's), in that
         transaction (see :mod:`sqlmq.engines.settle_onward`)."""
+        ...
+
+    # ---- channels (see sqlmq.channels) ------------------------------------------------
+
+    async def set_channel(self, name: str, queue: str | None,
+                          settings: ChannelSettings | None) -> bool:
+        """Give channel ``name`` its own settings, creating it (in ``queue``, whose default
+        it takes without them) if need be; None: back to its queue's default. False: a
+        reset of a channel that does not exist (nothing is made)."""
+        ...
+
+    async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
+        """The settings of ``queue``'s channels without their own; None: no default."""
+        ...
+
+    async def channel_defaults(self) -> dict[str, ChannelSettings]:
+        """The queues' defaults, by queue."""
+        ...
+
+    async def channels(self) -> list[ChannelInfo]:
+        """Every channel with its settings and how many of its messages wait and run."""
+        ...
+
+    async def cancel(self, msg_id: int) -> Cancellation:
+        """Cancel message ``msg_id``: archive it CANCELLED if it waits, flag it
+        (``cancel_requested``) if it runs; say so if it ended already or does not exist."""
+        ...
+
+    async def cancel_requests(self, ids: Sequence[int]) -> set[int]:
+        """The ids among ``ids`` (messages held by the caller) whose cancellation was asked
+        for."""
         ...
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:

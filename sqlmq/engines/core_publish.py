@@ -89,9 +89,12 @@ def pending_values(messages: NewMessage | NewMessages) -> dict[str, Any]:
     """The columns a publish sets alike on all its rows, the schedule and the expiry on the
     database clock."""
     when = messages.at if messages.at is not None else db_now_plus(literal(messages.delay))
-    return {"state": State.PENDING.value, "attempts_count": 0, "deliveries_count": 0,
-            "created_at": db_now_plus(literal(0.0)), "next_attempt_at": when,
-            "priority": messages.priority, "expires_at": expires_at_of(messages)}
+    values = {"state": State.PENDING.value, "attempts_count": 0, "deliveries_count": 0,
+              "created_at": db_now_plus(literal(0.0)), "next_attempt_at": when,
+              "priority": messages.priority, "expires_at": expires_at_of(messages)}
+    if messages.channel is not None:  # due apart from the plain ones (see sqlmq.channels)
+        values.update(next_attempt_at=None, channel=messages.channel, channel_due_at=when)
+    return values
 
 
 def expires_at_of(messages: NewMessage | NewMessages) -> Any:

@@ -27,22 +27,27 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from ..channels import ChannelInfo, ChannelSettings
 from ..commit_hooks import on_commit
 from ..errors import PublishError
 from ..lifecycle import Outcome, State
 from ..records import (
     HISTORY_LIMIT,
+    Cancellation,
     Delivery,
     NewMessage,
     NewMessages,
     Published,
     QueueStats,
     Settlement,
+    append_history,
     expiry_from,
+    history_entry,
 )
 from ..schedules import ScheduleInfo
 from ..schema import SCHEMA_VERSION, Schema
 from ..topics import TopicGroup, group_queue, queues_for
+from .memory_channels import MemoryChannels
 from .memory_schedules import MemorySchedules
 from .settle_onward import outputs_of
 
@@ -75,11 +80,23 @@ class Row:
     priority: int = 0
     expires_at: datetime | None = None
     dedup_key: str | None = None
+    saved_state: bytes | None = None
+    defers_count: int = 0
+    cancel_requested: int = 0
+    channel: str | None = None  # see sqlmq.channels: a channel's message waits on
+    channel_due_at: datetime | None = None  # channel_due_at, next_attempt_at None
+
+    def wait_until(self, due: datetime) -> None:
+        """Back to waiting until ``due``: a channel's message apart from the plain ones."""
+        if self.channel is None:
+            self.next_attempt_at = due
+        else:
+            self.channel_due_at = due
 
 
 @dataclass(slots=True)
 class Archived:
-    """A row of the archive (COMPLETED, FAILED or EXPIRED)."""
+    """A row of the archive (COMPLETED, FAILED, EXPIRED or CANCELLED)."""
 
     id: int
     queue: str
@@ -126,6 +143,10 @@ class MemoryStore:
     groups: dict[str, TopicGroup] = field(default_factory=dict)
     #: Periodic schedules, by name.
     schedules: dict[str, ScheduleInfo] = field(default_factory=dict)
+    #: Channels and the queues' defaults for them.
+    channels: MemoryChannels = field(default_factory=MemoryChannels)
+    #: Which goes first in the next acquire, the channels or the plain messages.
+    channels_first: bool = False
 
     def new_rows(self, messages: NewMessages, now: datetime) -> tuple[list[Row], list[int]]:
         """Rows for ``messages`` with their ids taken (in order), not yet visible, and the
@@ -137,6 +158,9 @@ class MemoryStore:
         rows: list[Row] = []
         ids: list[int] = []
         keys = messages.dedup_keys or [None] * len(messages)
+        channel = messages.channel
+        if channel is not None:
+            self.channels.admit(messages, self.rows.values())
         for payload, headers, key in zip(messages.payloads, messages.headers, keys,
                                          strict=True):
             if key is not None:
@@ -145,9 +169,10 @@ class MemoryStore:
                     ids.append(Published(held, True))
                     continue
             self.last_id += 1
-            rows.append(Row(self.last_id, messages.queue, dict(headers), payload, now, ready,
-                            priority=messages.priority, expires_at=expires_at,
-                            dedup_key=key))
+            rows.append(Row(self.last_id, messages.queue, dict(headers), payload, now,
+                            ready if channel is None else None, priority=messages.priority,
+                            expires_at=expires_at, dedup_key=key, channel=channel,
+                            channel_due_at=None if channel is None else ready))
             if key is None:
                 ids.append(self.last_id)
             else:
@@ -181,18 +206,34 @@ class MemoryStore:
 
     def acquire(self, queues: Sequence[str], limit: int, lease: float,
                 now: datetime) -> list[Delivery]:
+        """The plain messages and the channels' (:mod:`.memory_channels`), each first
+        every other time, as the SQL engines' acquire."""
+        if not self.channels.channels:
+            return self._acquire_plain(queues, limit, lease, now)
+        self.channels_first = not self.channels_first
+
+        def take(r: Row, scheduled: datetime | None) -> Delivery:
+            return _take(r, scheduled, lease, now)
+
+        def channels(n: int) -> list[Delivery]:
+            return self.channels.acquire(self.rows.values(), queues, n, now, take)
+
+        first = channels(limit) if self.channels_first else self._acquire_plain(
+            queues, limit, lease, now)
+        if len(first) >= limit:
+            return first
+        left = limit - len(first)
+        return first + (self._acquire_plain(queues, left, lease, now) if self.channels_first
+                        else channels(left))
+
+    def _acquire_plain(self, queues: Sequence[str], limit: int, lease: float,
+                       now: datetime) -> list[Delivery]:
         ready = [r for q in dict.fromkeys(queues) for r in self.by_queue.get(q, {}).values()
                  if r.next_attempt_at is not None and r.next_attempt_at <= now]
         out = []
         for r in heapq.nsmallest(max(limit, 0), ready, key=ready_key):
-            scheduled = r.next_attempt_at
-            r.state = State.PROCESSING
-            r.deliveries_count += 1
-            r.acquired_at = now
-            r.first_attempt_at = r.first_attempt_at or now
-            r.next_attempt_at = None
-            r.lease_expires_at = now + timedelta(seconds=lease)
-            out.append(_delivery(r, scheduled))
+            scheduled, r.next_attempt_at = r.next_attempt_at, None
+            out.append(_take(r, scheduled, lease, now))
         return out
 
     def held(self, msg_id: int, deliveries: int) -> Row | None:
@@ -210,11 +251,32 @@ class MemoryStore:
             if row is None:
                 continue
             applied.add(s.id)
-            if s.outcome.archives:
+            if s.outcome is Outcome.DEFER and row.cancel_requested:
+                self._archive(row, replace(s, outcome=Outcome.CANCEL, error="cancelled"), now)
+            elif s.outcome.archives:
                 self._archive(row, s, now)
+            elif s.outcome is Outcome.DEFER:
+                _defer(row, s, now)
             else:
                 _move_back(row, s, now)
         return applied
+
+    def cancel(self, msg_id: int, now: datetime) -> Cancellation:
+        row = self.rows.get(msg_id)
+        if row is None:
+            found = self.archive.get(msg_id)
+            if found is None:
+                return Cancellation(msg_id, "unknown")
+            return Cancellation(msg_id, "archived", found.state)
+        if row.state == State.PROCESSING:
+            row.cancel_requested = 1
+            return Cancellation(msg_id, "requested", State.PROCESSING)
+        history = append_history(row.history or [],
+                                 history_entry(row.deliveries_count, "cancelled"))
+        self._archive(row, Settlement(row.id, row.deliveries_count, Outcome.CANCEL,
+                                      error="cancelled", attempted=False, history=history),
+                      now)
+        return Cancellation(msg_id, "cancelled", State.CANCELLED)
 
     def _archive(self, row: Row, s: Settlement, now: datetime) -> None:
         self._remove(row)
@@ -237,7 +299,7 @@ class MemoryStore:
 
     def landed(self, settlements: Sequence[Settlement]) -> set[int]:
         return {s.id for s in settlements
-                if _shows(s, self.archive.get(s.id) if s.outcome.archives else self.rows.get(s.id))}
+                if _shows(s, self.archive.get(s.id) or self.rows.get(s.id))}
 
     def recover(self, limit: int, spread: float, now: datetime) -> list[int]:
         expired = [r for r in self.rows.values() if r.state == State.PROCESSING
@@ -246,7 +308,7 @@ class MemoryStore:
         at = now.isoformat(timespec="microseconds")
         for r in heapq.nsmallest(max(limit, 0), expired, key=lambda r: r.lease_expires_at):
             r.state = State.PENDING
-            r.next_attempt_at = now + timedelta(seconds=random.random() * spread)
+            r.wait_until(now + timedelta(seconds=random.random() * spread))
             r.lease_expires_at = None
             r.last_error = "lease expired"
             entry = {"delivery": r.deliveries_count, "ended": "lease_expired", "at": at}
@@ -292,8 +354,19 @@ class MemoryStore:
             c[a.state] = c.get(a.state, 0) + 1
         return [QueueStats(q, c.get(State.PENDING, 0), c.get(State.PROCESSING, 0),
                            c.get(State.RETRYABLE, 0), c.get(State.COMPLETED, 0),
-                           c.get(State.FAILED, 0), oldest.get(q), c.get(State.EXPIRED, 0))
+                           c.get(State.FAILED, 0), oldest.get(q), c.get(State.EXPIRED, 0),
+                           c.get(State.CANCELLED, 0))
                 for q, c in sorted(counts.items())]
+
+
+def _take(r: Row, scheduled: datetime | None, lease: float, now: datetime) -> Delivery:
+    """Acquire row ``r`` (taken off its wait by the caller), as the SQL engines' take."""
+    r.state = State.PROCESSING
+    r.deliveries_count += 1
+    r.acquired_at = now
+    r.first_attempt_at = r.first_attempt_at or now
+    r.lease_expires_at = now + timedelta(seconds=lease)
+    return _delivery(r, scheduled)
 
 
 def _delivery(r: Row, scheduled: datetime | None) -> Delivery:
@@ -301,7 +374,21 @@ def _delivery(r: Row, scheduled: datetime | None) -> Delivery:
     return Delivery(r.id, r.queue, dict(r.headers), r.payload, r.attempts_count,
                     r.deliveries_count, r.created_at, r.first_attempt_at, r.acquired_at,
                     r.lease_expires_at, scheduled, _copy(r.history) or [], priority=r.priority,
-                    expires_at=r.expires_at)
+                    expires_at=r.expires_at, saved_state=r.saved_state, defers=r.defers_count,
+                    cancel_requested=bool(r.cancel_requested))
+
+
+def _defer(row: Row, s: Settlement, now: datetime) -> None:
+    """DEFER, as the SQL engines' statement writes it (sqlmq.engines.core_control): back to
+    PENDING until ``at`` or after ``delay``, the state saved, one more defer counted."""
+    row.state = State.PENDING
+    row.wait_until(now + timedelta(seconds=s.delay) if s.at is None
+                   else s.at.astimezone(UTC))
+    row.lease_expires_at = None
+    row.saved_state = s.saved_state
+    row.defers_count += 1
+    if s.history is not None:
+        row.history = _copy(s.history)
 
 
 def _move_back(row: Row, s: Settlement, now: datetime) -> None:
@@ -316,7 +403,7 @@ def _move_back(row: Row, s: Settlement, now: datetime) -> None:
     row.deliveries_count -= refund
     if s.attempted:
         row.last_attempt_at = now
-    row.next_attempt_at = now + timedelta(seconds=s.delay)
+    row.wait_until(now + timedelta(seconds=s.delay))
     row.lease_expires_at = None
     if s.error is not None:
         row.last_error = s.error
@@ -325,11 +412,19 @@ def _move_back(row: Row, s: Settlement, now: datetime) -> None:
 
 
 def _shows(s: Settlement, row: Row | Archived | None) -> bool:
-    """Whether ``row`` is what settlement ``s`` leaves (see the SQL engines' ``landed``)."""
+    """Whether ``row`` (the archive's, else the table's) is what settlement ``s`` leaves
+    (see the SQL engines' ``landed``)."""
     if row is None:
         return False
+    if isinstance(row, Archived):
+        return row.deliveries_count == s.deliveries and (row.state == s.outcome.value or (
+            s.outcome is Outcome.DEFER and row.state == State.CANCELLED))
     if s.outcome.archives:
-        return row.state == s.outcome.value and row.deliveries_count == s.deliveries
+        return False
+    if s.outcome is Outcome.DEFER:
+        return (row.state == State.PENDING and row.lease_expires_at is None
+                and row.deliveries_count == s.deliveries
+                and (row.history or [{}])[-1] == {"delivery": s.deliveries, "ended": "deferred"})
     if s.outcome is Outcome.RETRY:
         return row.state == State.RETRYABLE and row.deliveries_count == s.deliveries
     if row.state != State.PENDING or getattr(row, "lease_expires_at", None) is not None:
@@ -493,6 +588,40 @@ class MemoryEngine(MemorySchedules):
     async def landed(self, settlements: Sequence[Settlement]) -> set[int]:
         with self._lock:
             return self._store.landed(settlements)
+
+    # ---- channels -----------------------------------------------------------------------
+
+    async def set_channel(self, name: str, queue: str | None,
+                          settings: ChannelSettings | None) -> bool:
+        with self._lock:
+            return self._store.channels.set(name, queue, settings)
+
+    async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
+        with self._lock:
+            defaults = self._store.channels.defaults
+            if settings is None:
+                defaults.pop(queue, None)
+            else:
+                defaults[queue] = settings
+
+    async def channel_defaults(self) -> dict[str, ChannelSettings]:
+        with self._lock:
+            return dict(sorted(self._store.channels.defaults.items()))
+
+    async def channels(self) -> list[ChannelInfo]:
+        with self._lock:
+            return self._store.channels.infos(self._store.rows.values())
+
+    async def cancel(self, msg_id: int) -> Cancellation:
+        with self._lock:
+            found = self._store.cancel(msg_id, self._now())
+            self._writes += found.outcome in ("cancelled", "requested")
+            return found
+
+    async def cancel_requests(self, ids: Sequence[int]) -> set[int]:
+        with self._lock:
+            rows = self._store.rows
+            return {i for i in ids if i in rows and rows[i].cancel_requested}
 
     def commit_counter(self) -> Callable[[], int | None] | None:
         return self._read_writes

@@ -33,13 +33,15 @@ from .base import (
     ARCHIVING,
     RETURNING,
     ArchiveAndStatsMixin,
+    SqlEngine,
+    driver_connection,
+)
+from .rows import (
     BatchHeaders,
     BatchHeaderTexts,
     BatchTimes,
-    SqlEngine,
     decode_history,
     decode_rows,
-    driver_connection,
     leased_delivery,
     ready_order,
     undecodable_delivery,
@@ -172,7 +174,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         checkout, INSERT and COMMIT take three). A batch on MariaDB's own connection: see
         ``_publish_many``. Anything else (the caller's transaction, deduplication keys,
         MySQL 8's batches) through SQLAlchemy Core (see :mod:`.core_publish`)."""
-        if executor is not None or messages.dedup_keys is not None:
+        if executor is not None or messages.core_only:
             return await self._publish_core(messages, executor)
         if len(messages) > 1 and self._returning():
             return await self._publish_many(messages)
@@ -249,7 +251,8 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
 
     # ---- consuming -----------------------------------------------------------------------
 
-    async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
+    async def _acquire_plain(self, queues: Sequence[str], limit: int,
+                             lease: float) -> list[Delivery]:
         if self._max_batch is None:
             conn = await self._checkout()
             try:
@@ -395,6 +398,9 @@ def _deliveries(rows: list[Any], lease: float) -> list[Delivery]:
             history=decode_history(r[9]),
             priority=r[11],
             expires_at=utc(r[12]),
+            saved_state=None if r[13] is None else bytes(r[13]),
+            defers=r[14],
+            cancel_requested=bool(r[15]),
         )
 
     return decode_rows(rows, decode, _undecodable)

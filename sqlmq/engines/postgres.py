@@ -28,14 +28,9 @@ from ..lifecycle import Outcome
 from ..records import Delivery, NewMessages, Settlement
 from .base import (
     ArchiveAndStatsMixin,
-    BatchHeaders,
-    BatchTimes,
     SqlEngine,
-    decode_history,
-    decode_rows,
     discard,
     driver_connection,
-    undecodable_delivery,
 )
 from .contract import WakeSource
 from .paramstyles import DriverStatement, for_paramstyle
@@ -43,6 +38,13 @@ from .pg_errors import connection_lost, deadlock_detected, from_driver, never_se
 from .pg_floors import ReadyFloors
 from .pg_notify import Listener, channel_for
 from .pg_publish import PG_COPY_COLUMNS, PG_COPY_MIN, insert_args, pg_copy_args, pg_copy_data
+from .rows import (
+    BatchHeaders,
+    BatchTimes,
+    decode_history,
+    decode_rows,
+    undecodable_delivery,
+)
 from .sql import postgresql as sql
 from .sql import render
 
@@ -244,7 +246,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         A connection lost before the publish reached the server, or before its COMMIT was
         sent, wrote nothing: the publish runs again on another connection. Lost after that,
         the outcome is unknown, and :class:`PublishOutcomeUnknown` says so."""
-        if messages.dedup_keys is not None:
+        if messages.core_only:
             return await self._publish_core(messages, executor)
         statement = self._insert if messages.at is None else self._insert_at
         if executor is not None:
@@ -265,8 +267,8 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
                      executor: Connection | Session | None = None) -> list[int]:
         """The same statement on a synchronous connection, sqlmq's own (psycopg) or the
         caller's, whatever its driver (see :meth:`_on_callers_driver`). Deduplication keys
-        take the Core path (:mod:`.core_publish`)."""
-        if messages.dedup_keys is not None:
+        take the Core path (:mod:`.core_publish`), as do channels (:mod:`.core_channels`)."""
+        if messages.core_only:
             return super().publish_sync(messages, executor)
         if executor is None:
             with self.sync_db.begin() as conn:
@@ -307,7 +309,8 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
 
     # ---- consuming -----------------------------------------------------------------------
 
-    async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
+    async def _acquire_plain(self, queues: Sequence[str], limit: int,
+                             lease: float) -> list[Delivery]:
         if len(queues) == 1:
             queue = queues[0]
             levels, floors, version = self.floors.args(queue)
@@ -327,7 +330,8 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         def decode(r: Any) -> Delivery:
             return Delivery(r[0], r[1], headers(r[2]), r[3], r[4], r[5], utc(r[6]), utc(r[7]),
                             utc(r[8]), utc(r[9]), utc(r[10]), decode_history(r[11]),
-                            priority=r[12], expires_at=utc(r[13]))
+                            priority=r[12], expires_at=utc(r[13]), saved_state=r[14],
+                            defers=r[15], cancel_requested=bool(r[16]))
 
         out = decode_rows(rows, decode, _undecodable)
         out.sort(key=_schedule_order)

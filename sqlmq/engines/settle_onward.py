@@ -10,6 +10,9 @@ with it. Fencing holds for the outputs too: the settle statements run first and 
 lock) only the rows still held by the settling delivery, and an output is written only for
 a settlement among those; a stale delivery's output is dropped with its result.
 
+A DEFER or CANCEL settlement takes the same path: those are written by
+:mod:`sqlmq.engines.core_control`'s statements in the transaction that settles the rest.
+
 The settle statements are each engine's own (:meth:`OnwardSettle._settle_in`, the same
 statements as its one-transaction settle, in the given transaction); the outputs are
 inserted with the engine's ``publish`` in that transaction (the outbox's path, NOTIFY
@@ -22,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from ..new_messages import joined
+from .core_control import CONTROL_OUTCOMES
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -42,16 +46,24 @@ class OnwardSettle:
                           executor: AsyncConnection | AsyncSession | None = None,
                           ) -> list[int]: ...
 
+        async def _settle_control(self, conn: AsyncConnection,
+                                  settlements: Sequence[Settlement]) -> set[int]:
+            """The DEFER and CANCEL settlements (:mod:`sqlmq.engines.core_control`)."""
+
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         for s in settlements:
-            if s.outputs is not None:
+            if s.outputs is not None or s.outcome in CONTROL_OUTCOMES:
                 return await self._transaction(
                     lambda conn: self._settle_onward(conn, settlements))
         return await self._settle_alone(settlements)
 
     async def _settle_onward(self, conn: AsyncConnection,
                              settlements: Sequence[Settlement]) -> set[int]:
-        written = await self._settle_in(conn, settlements)
+        plain = [s for s in settlements if s.outcome not in CONTROL_OUTCOMES]
+        written = await self._settle_in(conn, plain) if plain else set()
+        if len(plain) < len(settlements):
+            written |= await self._settle_control(
+                conn, [s for s in settlements if s.outcome in CONTROL_OUTCOMES])
         for batch in outputs_of(settlements, written):
             await self.publish(batch, conn)
         return written

@@ -28,14 +28,16 @@ from .base import (
     ARCHIVING,
     RETURNING,
     ArchiveAndStatsMixin,
+    SqlEngine,
+    driver_connection,
+)
+from .rows import (
     BatchHeaders,
     BatchHeaderTexts,
     BatchTimes,
-    SqlEngine,
     blob,
     decode_history,
     decode_rows,
-    driver_connection,
     leased_delivery,
     ready_order,
     undecodable_delivery,
@@ -89,7 +91,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         """One message due after a delay, on sqlmq's own connection: INSERT_ONE, straight on
         aiosqlite; a batch there: ``_publish_many``. Anything else (the caller's transaction,
         deduplication keys) through SQLAlchemy Core (see :mod:`.core_publish`)."""
-        if executor is None and messages.dedup_keys is None:
+        if executor is None and not messages.core_only:
             if len(messages) == 1 and messages.at is None:
                 return [await self._insert_one(messages[0])]
             if len(messages) > 1:
@@ -150,7 +152,8 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
                                _stored_time(lease_expires_at),
                                None if expires_at is None else _stored_time(expires_at))
 
-    async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
+    async def _acquire_plain(self, queues: Sequence[str], limit: int,
+                             lease: float) -> list[Delivery]:
         # One queue reads the ready index in order; a list of queues (json_each) makes
         # SQLite sort every ready row of the backlog on each acquire.
         if len(queues) == 1:
@@ -183,6 +186,9 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
                 history=decode_history(r[11]),
                 priority=r[12],
                 expires_at=utc(r[13]),
+                saved_state=None if r[14] is None else blob(r[14]),
+                defers=r[15],
+                cancel_requested=bool(r[16]),
             )
 
         out = decode_rows(rows, decode, _undecodable)

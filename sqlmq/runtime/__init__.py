@@ -55,7 +55,8 @@ class SubscriberRuntime:
         # fetcher may go on (a worker took from the buffer, results were written).
         gate, room = asyncio.Event(), asyncio.Event()
         gate.set()
-        self.flusher = Flusher(engine, cfg, self.counters, self.holdings, room.set)
+        self.flusher = Flusher(engine, cfg, self.counters, self.holdings, room.set,
+                               ready=wakeup.set)
         self.fetcher = Fetcher(engine, cfg, self.counters, self.holdings, self.flusher.results,
                                gate, room, wakeup)
         self.leases = LeaseKeeper(engine, cfg, self.counters, self.holdings,
@@ -104,6 +105,10 @@ class SubscriberRuntime:
         """Run a delivery acquired on this subscriber's behalf. False once stopping: the
         caller then gives it back."""
         return self.fetcher.hand_over(d)
+
+    def cancel_requested(self, msg_id: int) -> None:
+        """``Broker.cancel`` flagged ``msg_id``: its handler here, if any, sees it now."""
+        self.holdings.flag_cancel({msg_id})
 
     async def stop(self, graceful_timeout: float | None = None) -> None:
         """Stop fetching, give unstarted messages back, let running handlers finish within

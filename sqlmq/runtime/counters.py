@@ -12,6 +12,8 @@ class RuntimeCounters:
     failed: int = 0
     retried: int = 0
     released: int = 0
+    deferred: int = 0
+    cancelled: int = 0
     stale: int = 0  # settlements dropped because the delivery was no longer ours
     lost_leases: int = 0
     unwritable: int = 0  # results the database refused although it answered (see Flusher)

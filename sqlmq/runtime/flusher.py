@@ -27,13 +27,15 @@ ISOLATE_AFTER = 3
 
 class Flusher:
     """Buffers results and writes them in batches: every ``flush_interval``, or at once when
-    a batch is full; a failed batch is retried with backoff and never dropped, a batch the
-    database keeps refusing is split to find the one result at fault, and a settle whose
-    reply was lost is resolved with ``engine.landed``. While ``max_unflushed`` results wait,
-    :meth:`record` waits too: back-pressure, not memory growth."""
+    a batch is full (or when the interval is 0); a failed batch is retried with backoff and
+    never dropped, a batch the database keeps refusing is split to find the one result at
+    fault, and a settle whose reply was lost is resolved with ``engine.landed``. While
+    ``max_unflushed`` results wait, :meth:`record` waits too: back-pressure, not memory
+    growth."""
 
     def __init__(self, engine: Engine, cfg: SubscriberConfig, counters: RuntimeCounters,
-                 holdings: Holdings, room: Callable[[], None]) -> None:
+                 holdings: Holdings, room: Callable[[], None],
+                 ready: Callable[[], None] = lambda: None) -> None:
         self.engine = engine
         self.cfg = cfg
         self.counters = counters
@@ -45,6 +47,10 @@ class Flusher:
         #: the same (the reply lost with the connection), see _settle.
         self._in_doubt: set[Key] = set()
         self._room = room  # tells the fetcher that results were written
+        #: Tells the fetcher that a written result made a message ready at once (a defer or
+        #: a retry without delay): its next acquire should not wait for the idle poll, or a
+        #: handler deferring itself in a loop runs once per poll interval.
+        self._ready = ready
         self._flushed = asyncio.Event()  # set when results were written (workers wait on it)
         self._now = asyncio.Event()  # a batch is ready: flush before the interval ends
         self._lock = asyncio.Lock()  # one flush at a time; stop() never cuts one in half
@@ -65,13 +71,13 @@ class Flusher:
             self._flushed.clear()
             await self._flushed.wait()
         self.results.append(settlement)
-        if len(self.results) >= self.cfg.flush_batch:
+        if len(self.results) >= self.cfg.flush_batch or not self.cfg.flush_interval:
             self._now.set()
 
     def add(self, settlement: Settlement, *, soon: bool = False) -> None:
         """Queue a result without waiting (hand-backs, stop); ``soon``: flush it now."""
         self.results.append(settlement)
-        if soon:
+        if soon or not self.cfg.flush_interval:
             self._now.set()
 
     def settling(self, key: Key) -> bool:
@@ -79,11 +85,16 @@ class Flusher:
         return any((s.id, s.deliveries) == key for s in self.results)
 
     async def _run(self) -> None:
+        interval = self.cfg.flush_interval
         while True:
-            try:
-                await asyncio.wait_for(self._now.wait(), self.cfg.flush_interval)
-            except TimeoutError:
-                pass
+            if not interval:  # at once: each result sets _now (a timeout of 0 would spin)
+                if not self.results:  # what a failed flush left is retried after its backoff
+                    await self._now.wait()
+            else:
+                try:
+                    await asyncio.wait_for(self._now.wait(), interval)
+                except TimeoutError:
+                    pass
             self._now.clear()
             await self.flush_once()
 
@@ -153,6 +164,8 @@ class Flusher:
             results[:] = [s for s in results if id(s) not in flushed]
         c = self.counters
         held, lost, in_doubt = self.holdings.held, self.holdings.lost, self._in_doubt
+        if any(s.id in applied and _ready_again(s) for s in batch):
+            self._ready()
         for s in batch:
             held.pop((s.id, s.deliveries), None)
             lost.discard((s.id, s.deliveries))
@@ -167,6 +180,10 @@ class Flusher:
                 c.failed += 1
             elif s.outcome is Outcome.RETRY:
                 c.retried += 1
+            elif s.outcome is Outcome.DEFER:
+                c.deferred += 1
+            elif s.outcome is Outcome.CANCEL:
+                c.cancelled += 1
             else:
                 c.released += 1
         self._flushed.set()
@@ -223,6 +240,12 @@ class Flusher:
                   s.outcome.name.lower(), describe(exc))
         self._flushed.set()
         self._room()
+
+
+def _ready_again(s: Settlement) -> bool:
+    """Whether ``s``, written, leaves its message ready to be delivered at once."""
+    return (s.outcome in (Outcome.RETRY, Outcome.DEFER)
+            and s.delay <= 0 and s.at is None)
 
 
 def _one_per_message(results: list[Settlement], limit: int) -> list[Settlement]:

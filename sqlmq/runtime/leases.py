@@ -36,11 +36,18 @@ class Holdings:
         self.held: dict[Key, Delivery] = {}
         self.lost: set[Key] = set()
 
+    def flag_cancel(self, ids: set[int]) -> None:
+        """Mark the held deliveries of ``ids`` as asked to cancel (``msg.cancel_requested``;
+        :func:`~sqlmq.lifecycle.decide` then archives any result but a success CANCELLED)."""
+        for (msg_id, _), d in list(self.held.items()):
+            if msg_id in ids:
+                d.cancel_requested = True
+
 
 class LeaseKeeper:
     """Keeps the leases of the deliveries held: every ``lease / 3`` seconds it extends them
-    all, a statement per thousand; and it extends one when a handler asks
-    (:class:`sqlmq.message.LeaseHandle`)."""
+    all, a statement per thousand, and reads which of them another process asked to cancel;
+    and it extends one when a handler asks (:class:`sqlmq.message.LeaseHandle`)."""
 
     def __init__(self, engine: Engine, cfg: SubscriberConfig, counters: RuntimeCounters,
                  holdings: Holdings, settling: list[Settlement]) -> None:
@@ -88,6 +95,9 @@ class LeaseKeeper:
                     self.counters.lost_leases += 1
                     log.warning("lease of message %d (delivery %d) was lost before it could be "
                                 "renewed", key[0], key[1])
+            flagged = await self.engine.cancel_requests([i for i, _ in chunk])
+            if flagged:
+                self.holdings.flag_cancel(flagged)
 
     async def extend(self, d: Delivery, seconds: float) -> bool:
         """Push ``d``'s lease to now + ``seconds`` (``Message.extend``); False if lost."""

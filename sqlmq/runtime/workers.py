@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import DecodeError, PipelineError
+from ..errors import DecodeError, PayloadTooLarge, PipelineError
 from ..lifecycle import (
     Ending,
     Outcome,
@@ -196,6 +196,12 @@ class Workers:
             error = exc
         decision = msg.decision
         settlement = decide(d, cfg, error, decision)
+        saved = settlement.saved_state
+        if saved is not None and len(saved) > cfg.max_payload_bytes:
+            error, decision = PayloadTooLarge(
+                f"the state message {d.id} saved with defer() is {len(saved)} bytes, over the "
+                f"limit of {cfg.max_payload_bytes} (max_payload_bytes)"), None
+            settlement = decide(d, cfg, error)
         if cfg.publish_to is not None and settlement.outcome is _COMPLETE and error is None:
             try:
                 settlement.outputs = onward(result, cfg.publish_to, cfg.max_payload_bytes,
@@ -216,6 +222,9 @@ class Workers:
         if ending is Ending.EXPIRED:  # what its publisher asked for: not an error
             log.info("message %d of queue %s expired at %s before it ran; archiving it "
                      "EXPIRED", d.id, d.queue, d.expires_at)
+        elif ending is Ending.CANCELLED:
+            log.info("message %d of queue %s was cancelled; archiving it CANCELLED without "
+                     "running it", d.id, d.queue)
         elif ending is Ending.UNDECODABLE_ROW:
             log.error("message %d of queue %s (delivery %d), %s; archiving it FAILED", d.id,
                       d.queue, d.deliveries, storable(d.defect or "undecodable row"))
@@ -223,7 +232,7 @@ class Workers:
             log.error("message %d of queue %s dead-lettered (archived FAILED) without running "
                       "handler %s: max deliveries exceeded (%d > %s); it ended %d deliveries "
                       "without a result", d.id, d.queue, self.adapter.name, d.deliveries,
-                      self.cfg.max_deliveries, d.deliveries - 1 - d.attempts)
+                      self.cfg.max_deliveries, d.deliveries - 1 - d.attempts - d.defers)
         return decide(d, self.cfg, ending=ending)
 
     def _report(self, d: Delivery, error: BaseException, s: Settlement) -> None:
@@ -241,6 +250,8 @@ class Workers:
         elif s.outcome is Outcome.COMPLETE:
             _log_failure(logging.WARNING,
                          f"{where}; archived COMPLETED all the same (acknowledged)", error)
+        elif s.outcome is Outcome.CANCEL:
+            log.info("%s; archived CANCELLED (its cancellation was asked for)", where)
         else:
             _log_failure(logging.WARNING, f"{where}; released", error)
 

@@ -102,11 +102,13 @@ SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
 ) AS r
 """
 
-# 3. Return the locked rows as they are now, the clock, their priority and expiry.
+# 3. Return the locked rows as they are now, the clock, their priority and expiry, and what
+#    defer and cancellation left on them.
 ACQUIRE_READ = """
 SELECT m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
        m.created_at, m.first_attempt_at, m.next_attempt_at, m.history,
-       CAST(@sqlmq_now AS DATETIME(6)), m.priority, m.expires_at
+       CAST(@sqlmq_now AS DATETIME(6)), m.priority, m.expires_at, m.saved_state,
+       m.defers_count, m.cancel_requested
 FROM JSON_TABLE(@sqlmq_take, '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
 STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
 """
@@ -201,8 +203,10 @@ SET
     m.deliveries_count = m.deliveries_count - i.refund,
     m.last_attempt_at = CASE WHEN i.attempt = 1 THEN UTC_TIMESTAMP(6)
                              ELSE m.last_attempt_at END,
-    m.next_attempt_at = UTC_TIMESTAMP(6)
-                        + INTERVAL CAST(i.delay * 1000000 AS SIGNED) MICROSECOND,
+    m.next_attempt_at = CASE WHEN m.channel IS NULL THEN UTC_TIMESTAMP(6)
+                        + INTERVAL CAST(i.delay * 1000000 AS SIGNED) MICROSECOND END,
+    m.channel_due_at = CASE WHEN m.channel IS NOT NULL THEN UTC_TIMESTAMP(6)
+                       + INTERVAL CAST(i.delay * 1000000 AS SIGNED) MICROSECOND END,
     m.lease_expires_at = NULL,
     m.last_error = COALESCE(i.error, m.last_error),
     m.history = COALESCE(i.history, m.history)
@@ -245,8 +249,10 @@ ORDER BY lease_expires_at LIMIT :limit FOR UPDATE SKIP LOCKED
 RECOVER_EXPIRED = """
 UPDATE {m} SET
     state = 'PENDING',
-    next_attempt_at = UTC_TIMESTAMP(6)
-                      + INTERVAL CAST(RAND() * :spread * 1000000 AS SIGNED) MICROSECOND,
+    next_attempt_at = CASE WHEN channel IS NULL THEN UTC_TIMESTAMP(6)
+                      + INTERVAL CAST(RAND() * :spread * 1000000 AS SIGNED) MICROSECOND END,
+    channel_due_at = CASE WHEN channel IS NOT NULL THEN UTC_TIMESTAMP(6)
+                     + INTERVAL CAST(RAND() * :spread * 1000000 AS SIGNED) MICROSECOND END,
     lease_expires_at = NULL,
     last_error = 'lease expired',
     history = CASE

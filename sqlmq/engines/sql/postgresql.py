@@ -73,8 +73,8 @@ SELECT now(), COALESCE(CAST($2 AS TIMESTAMPTZ),
 
 # The write every acquire ends with: the rows of ``ready`` (id, next_attempt_at) leased for $3
 # seconds, returned with their ready time (times as epoch seconds, JSON as text: decoded once
-# per distinct value). ``now()`` is the statement's time: a floor learns from it (see
-# ACQUIRE_ABOVE_FLOORS).
+# per distinct value) and what defer and cancellation left on them (schema version 9).
+# ``now()`` is the statement's time: a floor learns from it (see ACQUIRE_ABOVE_FLOORS).
 _TAKE = """
 UPDATE {m} AS m SET
     state = 'PROCESSING',
@@ -89,7 +89,7 @@ RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
     m.deliveries_count, date_part('epoch', m.created_at), date_part('epoch', m.first_attempt_at),
     date_part('epoch', m.acquired_at), date_part('epoch', m.lease_expires_at),
     date_part('epoch', ready.next_attempt_at), CAST(m.history AS TEXT), m.priority,
-    date_part('epoch', m.expires_at)
+    date_part('epoch', m.expires_at), m.saved_state, m.defers_count, m.cancel_requested
 """
 
 # Acquire up to $2 ready messages of queue $1, highest priority first, then in ready order,
@@ -268,7 +268,10 @@ moved AS (
         acquired_at = CASE WHEN m.deliveries_count = i.refund THEN NULL ELSE m.acquired_at END,
         deliveries_count = m.deliveries_count - i.refund,
         last_attempt_at = CASE WHEN i.attempt = 1 THEN now() ELSE m.last_attempt_at END,
-        next_attempt_at = now() + i.delay * INTERVAL '1 second',
+        next_attempt_at = CASE WHEN m.channel IS NULL
+                               THEN now() + i.delay * INTERVAL '1 second' END,
+        channel_due_at = CASE WHEN m.channel IS NOT NULL
+                              THEN now() + i.delay * INTERVAL '1 second' END,
         lease_expires_at = NULL,
         last_error = COALESCE(i.error, m.last_error),
         history = COALESCE(CAST(i.history AS JSONB), m.history)
@@ -305,7 +308,10 @@ RECOVERY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext($1))"
 RECOVER_EXPIRED = """
 UPDATE {m} AS m SET
     state = 'PENDING',
-    next_attempt_at = now() + random() * CAST($2 AS DOUBLE PRECISION) * INTERVAL '1 second',
+    next_attempt_at = CASE WHEN m.channel IS NULL THEN
+        now() + random() * CAST($2 AS DOUBLE PRECISION) * INTERVAL '1 second' END,
+    channel_due_at = CASE WHEN m.channel IS NOT NULL THEN
+        now() + random() * CAST($2 AS DOUBLE PRECISION) * INTERVAL '1 second' END,
     lease_expires_at = NULL,
     last_error = 'lease expired',
     history = (

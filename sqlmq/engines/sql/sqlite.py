@@ -134,7 +134,7 @@ UPDATE {m} SET
 WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created_at,
     first_attempt_at, acquired_at, lease_expires_at, NULL AS scheduled_at, history, priority,
-    expires_at
+    expires_at, saved_state, defers_count, cancel_requested
 """
 
 # Settle, in one transaction. The batch :input is one JSON array of [id, deliveries,
@@ -193,7 +193,10 @@ UPDATE {m} AS m SET
     deliveries_count = m.deliveries_count - i.refund,
     last_attempt_at = CASE WHEN i.attempt = 1 THEN (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
                            ELSE m.last_attempt_at END,
-    next_attempt_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',i.delay))||'000'),
+    next_attempt_at = CASE WHEN m.channel IS NULL THEN
+        (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',i.delay))||'000') END,
+    channel_due_at = CASE WHEN m.channel IS NOT NULL THEN
+        (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',i.delay))||'000') END,
     lease_expires_at = NULL,
     last_error = COALESCE(i.error, m.last_error),
     history = COALESCE(i.history, m.history)
@@ -221,8 +224,12 @@ RETURNING id
 RECOVER_EXPIRED = """
 UPDATE {m} SET
     state = 'PENDING',
-    next_attempt_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',
-        (abs(random()) % 1000000) / 1000000.0 * :spread))||'000'),
+    next_attempt_at = CASE WHEN channel IS NULL THEN
+        (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',
+        (abs(random()) % 1000000) / 1000000.0 * :spread))||'000') END,
+    channel_due_at = CASE WHEN channel IS NOT NULL THEN
+        (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',
+        (abs(random()) % 1000000) / 1000000.0 * :spread))||'000') END,
     lease_expires_at = NULL,
     last_error = 'lease expired',
     history = CASE

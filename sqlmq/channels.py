@@ -1,0 +1,147 @@
+"""Channels: flow control inside a queue (schema version 10).
+
+A message may name a *channel* when it is published (``channel="tenant-42"``). Messages of a
+channel wait apart from the queue's plain ones (``channel_due_at`` instead of
+``next_attempt_at``, which the plain acquire reads), and an acquire takes them channel by
+channel, under the channel's settings, stored in the database so every process sees them:
+
+* ``max_concurrency``: at most this many of its deliveries PROCESSING at once. The count is
+  read from the message rows themselves, under the channel row's lock, so no counter can
+  drift: a stale settlement is fenced and frees nothing, a delivery whose process died
+  holds its slot until its lease expires and lease recovery moves it back (exactly once, as
+  for every message), and a recovered message counts like any other.
+* ``rate``: at most this many starts per second: a start moves the channel's
+  ``next_start_at`` one interval on (from where it was, if the start came within an
+  interval of it, so polling delays are not lost; else from now, so no burst is saved up).
+* ``ordered``: strict FIFO. Only the channel's oldest message (lowest id, in any state) may
+  start, and only while none of its messages runs: a failing head retries in place and
+  holds back only its own channel.
+* ``max_size``: a publish that would leave more messages than this in the channel (waiting
+  and running) is refused with :class:`~sqlmq.errors.ChannelFull`, nothing written.
+
+A channel without settings of its own takes the default of the queue it was first published
+to (``set_channel_default``), else has no limits. **Fair sharing**: each acquire serves the
+channels least recently served first, taking an even share of its batch from each, so a
+channel with a long backlog does not starve the others.
+
+This module holds the model: settings, their validation, and what an acquire may take from
+one channel. The engines do the reading and locking (:mod:`sqlmq.engines.core_channels`,
+and the in-memory engine).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import ChannelFull, ConfigurationError
+from .subscriber import check_name
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSettings:
+    """The limits of one channel (or a queue's default); None: no limit."""
+
+    max_concurrency: int | None = None
+    rate: float | None = None
+    ordered: bool = False
+    max_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrency", "max_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ConfigurationError(f"{name} must be a whole number of at least 1 or "
+                                         f"None (no limit), got {value!r}")
+        rate = self.rate
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
+                                 or not math.isfinite(rate) or rate <= 0):
+            raise ConfigurationError(f"rate must be a positive number of starts per second "
+                                     f"or None (no limit), got {rate!r}")
+        if not isinstance(self.ordered, bool):
+            raise ConfigurationError(f"ordered must be True or False, got {self.ordered!r}")
+
+    @property
+    def interval(self) -> float | None:
+        """Seconds between two starts under ``rate``."""
+        return None if self.rate is None else 1.0 / self.rate
+
+    def as_row(self) -> dict[str, Any]:
+        return {"max_concurrency": self.max_concurrency, "rate": self.rate,
+                "ordered": int(self.ordered), "max_size": self.max_size}
+
+    @classmethod
+    def from_row(cls, row: Any) -> ChannelSettings:
+        return cls(row.max_concurrency, None if row.rate is None else float(row.rate),
+                   bool(row.ordered), row.max_size)
+
+
+NO_LIMITS = ChannelSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelInfo:
+    """One channel as ``broker.channels()`` and ``sqlmq channels list`` show it."""
+
+    name: str
+    #: The queue it was first published to (whose default it takes when not configured).
+    queue: str
+    #: Its own settings, or None: it takes its queue's default (``effective``).
+    settings: ChannelSettings | None
+    effective: ChannelSettings
+    waiting: int
+    running: int
+    last_served_at: datetime | None
+
+
+def check_channel(name: Any) -> str:
+    return check_name(name, "channel name")
+
+
+def check_size(name: str, size: int, adding: int, limit: int) -> None:
+    """Refuse a publish of ``adding`` messages to channel ``name``, which holds ``size``
+    under a ``max_size`` of ``limit``, if they would exceed it."""
+    if size + adding > limit:
+        raise ChannelFull(
+            f"channel {name!r} holds {size} messages and its max_size is {limit}: "
+            f"{'this message' if adding == 1 else f'{adding} more'} would exceed it; "
+            f"nothing was written")
+
+
+def share(limit: int, channels: int) -> int:
+    """How many one channel may give to an acquire of ``limit`` spread over ``channels``:
+    an even share, rounded up (the batch is cut at ``limit`` in serving order)."""
+    return max(1, -(-limit // max(channels, 1)))
+
+
+def allowance(settings: ChannelSettings, running: int, even_share: int) -> int:
+    """What one acquire may start in a channel with ``running`` deliveries PROCESSING."""
+    if settings.ordered:
+        return 1 if running == 0 else 0
+    n = even_share
+    if settings.max_concurrency is not None:
+        n = min(n, settings.max_concurrency - running)
+    if settings.rate is not None:
+        n = min(n, 1)
+    return max(n, 0)
+
+
+def next_start(settings: ChannelSettings, planned: datetime | None,
+               now: datetime) -> datetime | None:
+    """The channel's ``next_start_at`` after a start at ``now``: one interval on from the
+    planned start if that was less than an interval ago (keeping the cadence through polling
+    delays), else from now (a quiet channel saves no burst up)."""
+    interval = settings.interval
+    if interval is None:
+        return None
+    step = timedelta(seconds=interval)
+    if planned is not None and now - planned < step:
+        return max(planned, now - step) + step
+    return now + step
+
+
+__all__ = ["NO_LIMITS", "ChannelInfo", "ChannelSettings", "allowance", "check_channel",
+           "check_size", "next_start", "share"]

@@ -1,0 +1,419 @@
+"""Channels on the SQL engines, in SQLAlchemy Core (schema version 10; the model is
+:mod:`sqlmq.channels`).
+
+**Publish.** A channel's messages are written with ``channel_due_at`` (and no
+``next_attempt_at``, so the plain acquire, which reads the ready index, never sees them) in
+a flow that first makes sure the channel's row exists and locks it: publishes to one channel
+take turns, so ``max_size`` is checked against an exact count, and a refused publish raises
+:class:`~sqlmq.errors.ChannelFull` before writing anything (in the caller's transaction,
+only that publish fails).
+
+**Acquire.** Candidates are read first without locks: channels with a message due in the
+subscriber's queues, not at their concurrency limit, not waiting for their rate, least
+recently served first. Then, in one transaction: their rows are locked (``SKIP LOCKED``: a
+channel another process is serving is left to it; SQLite's writers take turns anyway), the
+running deliveries counted again under the lock (exact: only a locked acquire adds to it),
+each channel's allowance taken (an even share of the batch, within its limits; an ordered
+channel's head only), the rows taken as the plain acquire takes them, and the channels
+marked served (and their next start moved, under a rate).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from sqlalchemy import (
+    Text,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    type_coerce,
+    update,
+)
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..channels import (
+    NO_LIMITS,
+    ChannelInfo,
+    ChannelSettings,
+    allowance,
+    check_size,
+    next_start,
+    share,
+)
+from ..lifecycle import State
+from ..records import Delivery, NewMessages
+from ..schema import Schema
+from ..sqltime import db_now_plus
+from .core_publish import Flow, publish_flow
+from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
+
+_NOW = db_now_plus(literal(0.0))
+_WAITING = (State.PENDING.value, State.RETRYABLE.value)
+#: How often an engine that has seen no channel looks again whether one exists (another
+#: process may publish to one): until then its acquires are the plain ones alone.
+CHANNEL_LOOK_INTERVAL = 1.0
+
+_INSERT_IGNORE: dict[str, Callable[..., Any]] = {
+    "postgresql": lambda t, v: pg_dialect.insert(t).values(**v).on_conflict_do_nothing(),
+    "sqlite": lambda t, v: sqlite_dialect.insert(t).values(**v).on_conflict_do_nothing(),
+    "mysql": lambda t, v: _mysql_insert_or_nothing(t, v),
+    "mariadb": lambda t, v: _mysql_insert_or_nothing(t, v),
+}
+
+
+def _mysql_insert_or_nothing(table: Any, values: dict[str, Any]) -> Any:
+    """An insert whose duplicate sets its key to itself: INSERT IGNORE would leave a
+    warning on every publish to an existing channel, which the driver prints."""
+    stmt = mysql_dialect.insert(table).values(**values)
+    (key,) = table.primary_key.columns
+    return stmt.on_duplicate_key_update({key.name: stmt.inserted[key.name]})
+
+
+def channel_flow(schema: Schema, dialect: Dialect, messages: NewMessages,
+                 wake: Any) -> Flow:
+    """Create the channel's row if need be, lock it, check ``max_size``, publish."""
+    c, d, m = schema.channel, schema.channel_default, schema.message
+    name = messages.channel
+    assert name is not None
+    yield _INSERT_IGNORE[dialect.name](c, {"name": name, "queue": messages.queue,
+                                            "created_at": _NOW}), None
+    found = select(c.c.configured, c.c.max_size, c.c.queue).where(c.c.name == name)
+    if dialect.name != "sqlite":
+        found = found.with_for_update()
+    row = (yield found, None).one()
+    limit = row.max_size
+    if not row.configured:
+        limit = (yield select(d.c.max_size).where(d.c.queue == row.queue), None).scalar()
+    if limit is not None:
+        size = (yield select(func.count()).select_from(m).where(m.c.channel == name),
+                None).scalar_one()
+        check_size(name, size, len(messages), limit)
+    return (yield from publish_flow(m, dialect, messages, wake))
+
+
+class ChannelStatements:
+    """The channel half of the engine contract for :class:`~.base.SqlEngine`."""
+
+    schema: Schema
+    LOCK_FOR_REQUEUE: bool
+    _channels_seen: bool = False
+    _channels_looked_at: float = float("-inf")
+    _channels_first: bool = True
+    #: The engine's transaction runner (settle_onward's, PostgreSQL's retrying one).
+    _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
+
+    async def _acquire_plain(self, queues: Sequence[str], limit: int,
+                             lease: float) -> list[Delivery]:
+        raise NotImplementedError
+
+    async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
+        """The plain acquire, and, once channels exist, the channels' acquire: each goes
+        first every other time, the second taking what the first left of ``limit``."""
+        if not await self._channels_exist():
+            return await self._acquire_plain(queues, limit, lease)
+        self._channels_first = not self._channels_first
+        if self._channels_first:
+            out = await self._acquire_channels(queues, limit, lease)
+            if len(out) < limit:
+                out += await self._acquire_plain(queues, limit - len(out), lease)
+            return out
+        out = await self._acquire_plain(queues, limit, lease)
+        if len(out) < limit:
+            out += await self._acquire_channels(queues, limit - len(out), lease)
+        return out
+
+    def _saw_channels(self) -> None:
+        self._channels_seen = True
+
+    async def _channels_exist(self) -> bool:
+        if self._channels_seen:
+            return True
+        now = time.monotonic()
+        if now - self._channels_looked_at < CHANNEL_LOOK_INTERVAL:
+            return False
+        self._channels_looked_at = now
+        c = self.schema.channel
+
+        async def look(conn: AsyncConnection) -> Any:
+            return (await conn.execute(select(c.c.name).limit(1))).first()
+
+        self._channels_seen = await self._transaction(look) is not None
+        return self._channels_seen
+
+    async def _acquire_channels(self, queues: Sequence[str], limit: int,
+                                lease: float) -> list[Delivery]:
+        async def read(conn: AsyncConnection) -> Sequence[Any]:
+            return (await conn.execute(_candidates(self.schema, queues, limit))).all()
+
+        candidates = await self._transaction(read)
+        if not candidates:
+            return []
+        return await self._transaction(
+            lambda conn: self._serve(conn, queues, limit, lease, candidates))
+
+    async def _serve(self, conn: AsyncConnection, queues: Sequence[str], limit: int,
+                     lease: float, candidates: Sequence[Any]) -> list[Delivery]:
+        c, m = self.schema.channel, self.schema.message
+        names = [r.name for r in candidates]
+        lock = select(c.c.name, c.c.next_start_at).where(c.c.name.in_(names))
+        if self.LOCK_FOR_REQUEUE:  # not SQLite, where writers take turns
+            lock = lock.with_for_update(skip_locked=True)
+        now: datetime = candidates[0].now
+        # read again under the lock: another process may have started one since
+        starts = {name: at for name, at in await conn.execute(lock)
+                  if at is None or at <= now}
+        chosen = [r for r in candidates if r.name in starts]
+        if not chosen:
+            return []
+        running = dict((await conn.execute(
+            select(m.c.channel, func.count()).where(
+                m.c.channel.in_([r.name for r in chosen]),
+                m.c.state == State.PROCESSING.value).group_by(m.c.channel))).all())
+        even = share(limit, len(chosen))
+        plan: dict[str, tuple[int, ChannelSettings, Any]] = {}
+        left = limit
+        for r in chosen:
+            settings = _effective(r)
+            n = min(allowance(settings, running.get(r.name, 0), even), left)
+            if n > 0:
+                plan[r.name] = (n, settings, starts[r.name])
+                left -= n
+            if not left:
+                break
+        if not plan:
+            return []
+        picked = await self._pick(conn, queues, plan, now)
+        if not picked:
+            return []
+        out = await self._take(conn, picked, lease)
+        await self._served(conn, {channel for channel, _ in picked.values()}, plan, now)
+        return out
+
+    @cached_property
+    def _due_per_channel(self) -> Any:
+        """Each named channel's due messages in ``queues`` numbered in acquire order
+        (priority, due time, id), up to ``most`` each: one statement whatever the number
+        of channels (a UNION ALL of a LIMIT per channel cost more to build and plan than
+        to run, and ran at 3 % of the plain drain's speed with 1,000 channels)."""
+        m = self.schema.message
+        numbered = select(
+            m.c.id, m.c.channel, m.c.channel_due_at,
+            func.row_number().over(
+                partition_by=m.c.channel,
+                order_by=(m.c.priority.desc(), m.c.channel_due_at, m.c.id)).label("rn"),
+        ).where(m.c.channel.in_(bindparam("names", expanding=True)),
+                m.c.state.in_(_WAITING), m.c.queue.in_(bindparam("queues", expanding=True)),
+                m.c.channel_due_at <= _NOW).subquery()
+        return select(numbered).where(numbered.c.rn <= bindparam("most"))
+
+    async def _pick(self, conn: AsyncConnection, queues: Sequence[str],
+                    plan: dict[str, tuple[int, ChannelSettings, Any]],
+                    now: datetime) -> dict[int, tuple[str, datetime]]:
+        """The ids to take (with their channel and due time): each ordered channel's head
+        if it is due and in ``queues``, then each unordered channel's due messages in
+        acquire order (priority, due time, id), round by round in serving order (the
+        first of every channel, then the second, ...), so the workers take turns too."""
+        m = self.schema.message
+        ordered = [name for name, (_, s, _) in plan.items() if s.ordered]
+        picks: dict[int, tuple[str, datetime]] = {}
+        if ordered:
+            heads = select(func.min(m.c.id)).where(m.c.channel.in_(ordered)).group_by(
+                m.c.channel).scalar_subquery()
+            for row in await conn.execute(
+                    select(m.c.id, m.c.channel, m.c.state, m.c.queue, m.c.channel_due_at)
+                    .where(m.c.id.in_(heads))):
+                if (row.state in _WAITING and row.queue in queues
+                        and row.channel_due_at is not None and row.channel_due_at <= now):
+                    picks[row.id] = (row.channel, row.channel_due_at)
+        position = {name: i for i, name in enumerate(plan)}
+        unordered = {name: n for name, (n, settings, _) in plan.items() if not settings.ordered}
+        if unordered:
+            found = (await conn.execute(self._due_per_channel, {
+                "names": sorted(unordered), "queues": list(queues),
+                "most": max(unordered.values())})).all()
+            # the first of every channel, then the second of every channel, ...
+            found.sort(key=lambda r: (r.rn, position[r.channel]))
+            for r in found:
+                if r.rn <= unordered[r.channel]:
+                    picks[r.id] = (r.channel, r.channel_due_at)
+        return picks
+
+    async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
+                    lease: float) -> list[Delivery]:
+        m = self.schema.message
+        ids = sorted(picked)
+        await conn.execute(update(m).where(
+            m.c.id.in_(ids), m.c.state.in_(_WAITING), m.c.channel_due_at.is_not(None),
+        ).values(
+            state=State.PROCESSING.value, deliveries_count=m.c.deliveries_count + 1,
+            acquired_at=_NOW, first_attempt_at=func.coalesce(m.c.first_attempt_at, _NOW),
+            channel_due_at=None, lease_expires_at=db_now_plus(literal(float(lease)))))
+        rows = (await conn.execute(select(
+            m.c.id, m.c.queue, type_coerce(m.c.headers, Text()).label("headers"), m.c.payload,
+            m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
+            m.c.acquired_at, m.c.lease_expires_at, type_coerce(m.c.history, Text()).label(
+                "history"), m.c.priority, m.c.expires_at, m.c.saved_state, m.c.defers_count,
+            m.c.cancel_requested,
+        ).where(m.c.id.in_(ids), m.c.state == State.PROCESSING.value,
+                m.c.channel_due_at.is_(None)))).all()
+
+        def decode(r: Any) -> Delivery:
+            return Delivery(r.id, r.queue, headers_of(r.headers), blob(r.payload),
+                            r.attempts_count, r.deliveries_count, r.created_at,
+                            r.first_attempt_at, r.acquired_at, r.lease_expires_at,
+                            picked[r.id][1], decode_history(r.history), priority=r.priority,
+                            expires_at=r.expires_at, saved_state=r.saved_state,
+                            defers=r.defers_count, cancel_requested=bool(r.cancel_requested))
+
+        def undecodable(r: Any, exc: BaseException) -> Delivery:
+            return undecodable_delivery(r.id, r.queue, r.attempts_count, r.deliveries_count,
+                                        exc)
+
+        order = {msg_id: i for i, msg_id in enumerate(picked)}
+        out = decode_rows(rows, decode, undecodable)
+        out.sort(key=lambda d: order[d.id])
+        return out
+
+    async def _served(self, conn: AsyncConnection, channels: set[str],
+                      plan: dict[str, tuple[int, ChannelSettings, Any]],
+                      now: datetime) -> None:
+        """Mark ``channels`` served now (to the back of the fair-sharing order); under a
+        rate, move their next start."""
+        c = self.schema.channel
+        rank = {name: i for i, name in enumerate(n for n in plan if n in channels)}
+        plain = sorted(name for name in channels if plan[name][1].rate is None)
+        if plain:
+            await conn.execute(update(c).where(c.c.name.in_(plain)).values(
+                served_at=_NOW, served_rank=case({n: rank[n] for n in plain}, value=c.c.name)))
+        for name in sorted(channels - set(plain)):
+            _, settings, planned = plan[name]
+            await conn.execute(update(c).where(c.c.name == name).values(
+                served_at=_NOW, served_rank=rank[name],
+                next_start_at=next_start(settings, planned, now)))
+
+
+class ChannelAdmin:
+    """Channel settings and listings for :class:`~.base.SqlEngine` (the admin's calls, none
+    on the hot path)."""
+
+    schema: Schema
+    _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
+    _saw_channels: Callable[[], None]
+
+    async def set_channel(self, name: str, queue: str | None,
+                          settings: ChannelSettings | None) -> bool:
+        c = self.schema.channel
+        values = {"configured": int(settings is not None), **(settings or NO_LIMITS).as_row()}
+
+        async def write(conn: AsyncConnection) -> int:
+            if settings is not None:  # made if need be (a reset makes nothing)
+                await conn.execute(_INSERT_IGNORE[conn.dialect.name](c, {
+                    "name": name, "queue": queue or "", "created_at": _NOW}))
+            return (await conn.execute(update(c).where(c.c.name == name)
+                                       .values(**values))).rowcount
+
+        if found := await self._transaction(write):
+            self._saw_channels()
+        return bool(found)
+
+    async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
+        d = self.schema.channel_default
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(delete(d).where(d.c.queue == queue))
+            if settings is not None:
+                await conn.execute(insert(d).values(queue=queue, **settings.as_row()))
+
+        await self._transaction(write)
+
+    async def channel_defaults(self) -> dict[str, ChannelSettings]:
+        d = self.schema.channel_default
+
+        async def read(conn: AsyncConnection) -> Sequence[Any]:
+            return (await conn.execute(select(d).order_by(d.c.queue))).all()
+
+        rows = await self._transaction(read)
+        return {r.queue: ChannelSettings.from_row(r) for r in rows}
+
+    async def channels(self) -> list[ChannelInfo]:
+        c, d, m = self.schema.channel, self.schema.channel_default, self.schema.message
+
+        async def read(conn: AsyncConnection) -> tuple[Sequence[Any], Sequence[Any]]:
+            rows = (await conn.execute(select(c, *_default_columns(d)).select_from(
+                c.outerjoin(d, d.c.queue == c.c.queue)).order_by(c.c.name))).all()
+            counts = (await conn.execute(
+                select(m.c.channel, m.c.state, func.count()).where(m.c.channel.is_not(None))
+                .group_by(m.c.channel, m.c.state))).all()
+            return rows, counts
+
+        rows, counts = await self._transaction(read)
+        waiting: dict[str, int] = {}
+        running: dict[str, int] = {}
+        for name, state, n in counts:
+            into = running if state == State.PROCESSING else waiting
+            into[name] = into.get(name, 0) + n
+        return [ChannelInfo(r.name, r.queue,
+                            ChannelSettings.from_row(r) if r.configured else None,
+                            _effective(r), waiting.get(r.name, 0), running.get(r.name, 0),
+                            r.served_at) for r in rows]
+
+
+def _default_columns(d: Any) -> list[Any]:
+    return [d.c.max_concurrency.label("d_max_concurrency"), d.c.rate.label("d_rate"),
+            d.c.ordered.label("d_ordered"), d.c.max_size.label("d_max_size")]
+
+
+def _effective(r: Any) -> ChannelSettings:
+    """A candidate or listed row's settings: its own if configured, else its queue's
+    default (the ``d_`` columns), else none."""
+    if r.configured:
+        return ChannelSettings.from_row(r)
+    if r.d_ordered is None:  # no default row
+        return NO_LIMITS
+    return ChannelSettings(r.d_max_concurrency,
+                           None if r.d_rate is None else float(r.d_rate),
+                           bool(r.d_ordered), r.d_max_size)
+
+
+def _candidates(schema: Schema, queues: Sequence[str], limit: int) -> Any:
+    """Channels worth locking for an acquire of ``limit`` from ``queues``, least recently
+    served first: a message of theirs is due in one of the queues, and they are neither at
+    their concurrency limit (ordered: one running) nor waiting for their rate. Read
+    without locks; :meth:`ChannelStatements._serve` checks again under them."""
+    c, d, m = schema.channel, schema.channel_default, schema.message
+    running = (select(func.count()).where(m.c.channel == c.c.name,
+                                          m.c.state == State.PROCESSING.value)
+               .scalar_subquery())
+    due = exists().where(m.c.channel == c.c.name, m.c.state.in_(_WAITING),
+                         m.c.queue.in_(list(queues)), m.c.channel_due_at <= _NOW)
+    own = c.c.configured == 1
+    max_concurrency = case((own, c.c.max_concurrency), else_=d.c.max_concurrency)
+    ordered = func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0)
+    return (select(c.c.name, c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered,
+                   c.c.max_size, c.c.next_start_at, *_default_columns(d),
+                   _NOW.label("now"))
+            .select_from(c.outerjoin(d, d.c.queue == c.c.queue))
+            .where(due,
+                   or_(max_concurrency.is_(None), running < max_concurrency),
+                   or_(ordered == 0, running == 0),
+                   or_(c.c.next_start_at.is_(None), c.c.next_start_at <= _NOW))
+            .order_by(c.c.served_at.is_not(None), c.c.served_at, c.c.served_rank, c.c.name)
+            .limit(limit + 8))
+
+
+__all__ = ["CHANNEL_LOOK_INTERVAL", "ChannelAdmin", "ChannelStatements", "channel_flow"]

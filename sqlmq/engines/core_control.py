@@ -1,0 +1,143 @@
+"""Defer and cancellation on the SQL engines, in SQLAlchemy Core (schema version 9).
+
+Both are rare next to acks and retries, so they stay out of each engine's one-statement
+settle: a batch that holds a DEFER or CANCEL settlement is settled in one transaction, the
+engine's statements for the rest and these for those (see
+:class:`~sqlmq.engines.settle_onward.OnwardSettle`).
+
+Fencing is the same as everywhere: each write is conditional on ``(id, deliveries)`` and
+state PROCESSING, so a stale defer or cancel writes nothing. A defer of a message whose
+cancellation was asked for meanwhile archives it CANCELLED instead (it would run again).
+
+``cancel`` locks the message's row and acts on what it finds: a waiting message is archived
+CANCELLED in that transaction, a running one is flagged (``cancel_requested``), which its
+runtime reads when it renews leases and every acquire returns (a flagged message that went
+back to waiting is archived CANCELLED without running; see
+:func:`sqlmq.lifecycle.unrunnable`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from sqlalchemy import case, delete, insert, literal, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..lifecycle import Outcome, Settlement, State, append_history, history_entry
+from ..records import Cancellation
+from ..schema import Schema
+from ..sqltime import db_now_plus
+
+#: The outcomes written here rather than by the engine's settle statements.
+CONTROL_OUTCOMES = frozenset({Outcome.DEFER, Outcome.CANCEL})
+
+_NOW = db_now_plus(literal(0.0))
+
+
+class ControlStatements:
+    """The defer and cancellation half of the engine contract for
+    :class:`~.base.SqlEngine`."""
+
+    schema: Schema
+    #: Whether SELECT … FOR UPDATE exists (not on SQLite, whose write transactions hold
+    #: every other writer off anyway).
+    LOCK_FOR_REQUEUE: bool
+    #: The engine's transaction runner (settle_onward's, PostgreSQL's retrying one).
+    _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
+
+    async def cancel(self, msg_id: int) -> Cancellation:
+        m, a = self.schema.message, self.schema.archive
+
+        async def work(conn: AsyncConnection) -> Cancellation:
+            found = select(m.c.state, m.c.deliveries_count, m.c.history).where(m.c.id == msg_id)
+            if self.LOCK_FOR_REQUEUE:
+                found = found.with_for_update()
+            row = (await conn.execute(found)).first()
+            if row is None:
+                state = (await conn.execute(
+                    select(a.c.state).where(a.c.id == msg_id))).scalar_one_or_none()
+                return Cancellation(msg_id, "unknown" if state is None else "archived", state)
+            if row.state == State.PROCESSING:
+                await conn.execute(update(m).where(m.c.id == msg_id)
+                                   .values(cancel_requested=1))
+                return Cancellation(msg_id, "requested", State.PROCESSING)
+            history = append_history(_history(row.history),
+                                     history_entry(row.deliveries_count, "cancelled"))
+            await self._archive_cancelled(conn, msg_id, None, history)
+            return Cancellation(msg_id, "cancelled", State.CANCELLED)
+
+        return await self._transaction(work)
+
+    async def cancel_requests(self, ids: Sequence[int]) -> set[int]:
+        if not ids:
+            return set()
+        m = self.schema.message
+
+        async def read(conn: AsyncConnection) -> set[int]:
+            rows = await conn.execute(select(m.c.id).where(
+                m.c.id.in_(list(ids)), m.c.cancel_requested == 1))
+            return {r.id for r in rows}
+
+        return await self._transaction(read)
+
+    async def _settle_control(self, conn: AsyncConnection,
+                              settlements: Sequence[Settlement]) -> set[int]:
+        """Write the DEFER and CANCEL settlements in ``conn``'s transaction; the ids that
+        landed (fenced, as every settle is)."""
+        m = self.schema.message
+        written: set[int] = set()
+        for s in sorted(settlements, key=lambda s: s.id):  # row locks in id order
+            held = select(m.c.cancel_requested).where(
+                m.c.id == s.id, m.c.deliveries_count == s.deliveries,
+                m.c.state == State.PROCESSING)
+            if self.LOCK_FOR_REQUEUE:
+                held = held.with_for_update()
+            flag = (await conn.execute(held)).scalar_one_or_none()
+            if flag is None:
+                continue  # stale: another delivery holds it now, or it ended
+            if s.outcome is Outcome.CANCEL or flag:
+                await self._archive_cancelled(conn, s.id, s.deliveries, s.history,
+                                              s.error or "cancelled")
+            else:
+                due = (db_now_plus(literal(float(s.delay))) if s.at is None
+                       else literal(s.at, m.c.next_attempt_at.type))
+                await conn.execute(update(m).where(m.c.id == s.id).values(
+                    state=State.PENDING.value, lease_expires_at=None,
+                    # a channel's message waits apart (see sqlmq.channels)
+                    next_attempt_at=case((m.c.channel.is_(None), due)),
+                    channel_due_at=case((m.c.channel.is_not(None), due)),
+                    saved_state=s.saved_state, defers_count=m.c.defers_count + 1,
+                    history=s.history if s.history is not None else m.c.history))
+            written.add(s.id)
+        return written
+
+    async def _archive_cancelled(self, conn: AsyncConnection, msg_id: int,
+                                 deliveries: int | None, history: Any,
+                                 error: str = "cancelled") -> None:
+        """Move row ``msg_id`` to the archive as CANCELLED (locked by the caller)."""
+        m, a = self.schema.message, self.schema.archive
+        src = select(
+            m.c.id, m.c.queue, m.c.headers, m.c.payload, literal(State.CANCELLED.value),
+            m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
+            m.c.last_attempt_at, _NOW, literal(error),
+            literal(history, m.c.history.type) if history is not None else m.c.history,
+            m.c.priority,
+        ).where(m.c.id == msg_id)
+        if deliveries is not None:
+            src = src.where(m.c.deliveries_count == deliveries)
+        await conn.execute(insert(a).from_select(
+            ["id", "queue", "headers", "payload", "state", "attempts_count",
+             "deliveries_count", "created_at", "first_attempt_at", "last_attempt_at",
+             "archived_at", "error", "history", "priority"], src))
+        await conn.execute(delete(m).where(m.c.id == msg_id))
+
+
+def _history(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str | bytes):
+        value = json.loads(value)
+    return list(value) if isinstance(value, list) else []
+
+
+__all__ = ["CONTROL_OUTCOMES", "ControlStatements"]

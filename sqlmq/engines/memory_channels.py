@@ -1,0 +1,120 @@
+"""Channels on the in-memory engine (the SQL engines': :mod:`.core_channels`; the model:
+:mod:`sqlmq.channels`). Every method runs under the engine's lock, one transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ..channels import (
+    NO_LIMITS,
+    ChannelInfo,
+    ChannelSettings,
+    allowance,
+    check_size,
+    next_start,
+    share,
+)
+from ..lifecycle import State
+from ..records import Delivery, NewMessages
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_WAITING = (State.PENDING, State.RETRYABLE)
+
+
+@dataclass(slots=True)
+class ChannelRow:
+    name: str
+    queue: str
+    settings: ChannelSettings | None = None  # None: its queue's default
+    served_at: datetime | None = None
+    served_rank: int = 0  # its place among the channels served at ``served_at``
+    next_start_at: datetime | None = None
+
+
+@dataclass
+class MemoryChannels:
+    channels: dict[str, ChannelRow] = field(default_factory=dict)
+    defaults: dict[str, ChannelSettings] = field(default_factory=dict)
+
+    def effective(self, ch: ChannelRow) -> ChannelSettings:
+        if ch.settings is not None:
+            return ch.settings
+        return self.defaults.get(ch.queue, NO_LIMITS)
+
+    def admit(self, messages: NewMessages, rows: Iterable[Any]) -> None:
+        """Make the channel of ``messages`` if need be; refuse them if they would exceed its
+        ``max_size`` (``rows``: the table's rows)."""
+        name = messages.channel
+        assert name is not None
+        ch = self.channels.setdefault(name, ChannelRow(name, messages.queue))
+        limit = self.effective(ch).max_size
+        if limit is None:
+            return
+        check_size(name, sum(1 for r in rows if r.channel == name), len(messages), limit)
+
+    def set(self, name: str, queue: str | None, settings: ChannelSettings | None) -> bool:
+        if settings is None and name not in self.channels:
+            return False  # a reset makes nothing
+        self.channels.setdefault(name, ChannelRow(name, queue or "")).settings = settings
+        return True
+
+    def acquire(self, rows: Iterable[Any], queues: Sequence[str], limit: int, now: datetime,
+                take: Callable[[Any, datetime | None], Delivery]) -> list[Delivery]:
+        """As :meth:`.core_channels.ChannelStatements._acquire_channels`: the channels with
+        a due message in ``queues``, least recently served first, each an even share within
+        its limits (an ordered one its head only); ``take`` acquires a row."""
+        wanted = set(queues)
+        of: dict[str, list[Any]] = {}
+        for r in rows:
+            if r.channel is not None:
+                of.setdefault(r.channel, []).append(r)
+        candidates = []
+        for ch in sorted(self.channels.values(),
+                         key=lambda c: (c.served_at is not None, c.served_at or _EPOCH,
+                                        c.served_rank, c.name)):
+            mine = of.get(ch.name, [])
+            due = [r for r in mine if r.state in _WAITING and r.queue in wanted
+                   and r.channel_due_at is not None and r.channel_due_at <= now]
+            if not due or (ch.next_start_at is not None and ch.next_start_at > now):
+                continue
+            settings = self.effective(ch)
+            running = sum(1 for r in mine if r.state == State.PROCESSING)
+            if allowance(settings, running, 1) > 0:
+                candidates.append((ch, settings, running, mine, due))
+        out: list[Delivery] = []
+        served = 0
+        even = share(limit, len(candidates))
+        for ch, settings, running, mine, due in candidates:
+            n = min(allowance(settings, running, even), limit - len(out))
+            if settings.ordered:
+                head = min(mine, key=lambda r: r.id)
+                picked = [head] if head in due else []
+            else:
+                picked = sorted(due, key=lambda r: (-r.priority, r.channel_due_at, r.id))[:n]
+            if not picked:
+                continue
+            for r in picked:
+                scheduled, r.channel_due_at = r.channel_due_at, None
+                out.append(take(r, scheduled))
+            ch.served_at, ch.served_rank, served = now, served, served + 1
+            ch.next_start_at = next_start(settings, ch.next_start_at, now)
+            if len(out) >= limit:
+                break
+        return out
+
+    def infos(self, rows: Iterable[Any]) -> list[ChannelInfo]:
+        waiting: dict[str, int] = {}
+        running: dict[str, int] = {}
+        for r in rows:
+            if r.channel is not None:
+                into = running if r.state == State.PROCESSING else waiting
+                into[r.channel] = into.get(r.channel, 0) + 1
+        return [ChannelInfo(c.name, c.queue, c.settings, self.effective(c),
+                            waiting.get(c.name, 0), running.get(c.name, 0), c.served_at)
+                for c in sorted(self.channels.values(), key=lambda c: c.name)]
+
+
+__all__ = ["ChannelRow", "MemoryChannels"]

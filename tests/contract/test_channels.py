@@ -1,0 +1,159 @@
+"""Channels through the engine contract, on every engine: concurrency limits counted from
+the rows (a stale settlement frees nothing, an expired lease frees its slot once recovered),
+rate, strict order, max_size, per-queue defaults, fair sharing, and a defer freeing its
+slot."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from sqlmq.channels import ChannelSettings
+from sqlmq.errors import ChannelFull
+from sqlmq.lifecycle import Outcome
+from sqlmq.records import NewMessages, Settlement
+
+from .conftest import Env, ids, msg
+
+
+async def publish(env: Env, channel: str, n: int = 1, queue: str = "q",
+                  delay: float = 0.0) -> list[int]:
+    batch = NewMessages.of([msg(queue, f"{channel}-{i}".encode(), delay=delay)
+                            for i in range(n)])
+    return await env.engine.publish(replace(batch, channel=channel))
+
+
+def done(d: object) -> Settlement:
+    return Settlement(d.id, d.deliveries, Outcome.COMPLETE)  # type: ignore[attr-defined]
+
+
+async def test_max_concurrency_holds_and_a_settle_frees_a_slot(env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=2))
+    sent = await publish(env, "a", 5)
+    first = await env.engine.acquire(["q"], 10, 30)
+    assert ids(first) == sent[:2]
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert await env.engine.settle([done(first[0])]) == {sent[0]}
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [sent[2]]
+    assert await env.engine.acquire(["q"], 10, 30) == []
+
+
+async def test_a_stale_settle_frees_no_slot_and_an_expired_lease_frees_one_once(
+        env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=1))
+    sent = await publish(env, "a", 2)
+    (d,) = await env.engine.acquire(["q"], 10, 0.3)
+    stale = Settlement(d.id, d.deliveries + 1, Outcome.COMPLETE)
+    assert await env.engine.settle([stale]) == set()
+    assert await env.engine.acquire(["q"], 10, 30) == []  # the slot is still held
+    await env.passes(0.35)
+    assert await env.engine.acquire(["q"], 10, 30) == []  # expired, not yet recovered
+    assert await env.engine.recover_expired(10) == [d.id]  # the slot is free: once
+    (other,) = await env.engine.acquire(["q"], 10, 30)
+    assert other.id == sent[1]  # due before the recovered one
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert await env.engine.settle([done(d)]) == set()  # the first delivery is stale now
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert await env.engine.settle([done(other)]) == {sent[1]}
+    (again,) = await env.engine.acquire(["q"], 10, 30)
+    assert (again.id, again.deliveries) == (sent[0], 2)  # recovered: counts like any other
+    assert await env.engine.acquire(["q"], 10, 30) == []
+
+
+async def test_a_rate_spaces_the_starts(env: Env) -> None:
+    await env.engine.set_channel("slow", "q", ChannelSettings(rate=4))
+    sent = await publish(env, "slow", 3)
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [sent[0]]
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    await env.passes(0.26)
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [sent[1]]
+    assert await env.engine.acquire(["q"], 10, 30) == []
+
+
+async def test_an_ordered_channel_starts_its_head_only_and_a_retry_keeps_its_place(
+        env: Env) -> None:
+    await env.engine.set_channel("o", "q", ChannelSettings(ordered=True))
+    sent = await publish(env, "o", 3)
+    (head,) = await env.engine.acquire(["q"], 10, 30)
+    assert head.id == sent[0]
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    retry = Settlement(head.id, head.deliveries, Outcome.RETRY, delay=0.3)
+    assert await env.engine.settle([retry]) == {head.id}
+    assert await env.engine.acquire(["q"], 10, 30) == []  # the head waits; so do the rest
+    await env.passes(0.35)
+    (again,) = await env.engine.acquire(["q"], 10, 30)
+    assert again.id == sent[0] and again.scheduled_at is not None
+    assert await env.engine.settle([done(again)]) == {sent[0]}
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [sent[1]]
+
+
+async def test_max_size_refuses_a_publish_and_writes_nothing(env: Env) -> None:
+    await env.engine.set_channel("small", "q", ChannelSettings(max_size=3))
+    await publish(env, "small", 2)
+    with pytest.raises(ChannelFull, match="'small' holds 2 messages and its max_size is 3"):
+        await publish(env, "small", 2)
+    await publish(env, "small", 1)
+    with pytest.raises(ChannelFull):
+        await publish(env, "small", 1)
+    assert (await env.stats()).pending == 3
+    (info,) = await env.engine.channels()
+    assert (info.name, info.waiting, info.running) == ("small", 3, 0)
+
+
+async def test_a_queue_default_limits_channels_without_settings_of_their_own(
+        env: Env) -> None:
+    await env.engine.set_channel_default("q", ChannelSettings(max_concurrency=1))
+    await publish(env, "t1", 3)
+    await publish(env, "t2", 3)
+    got = await env.engine.acquire(["q"], 10, 30)
+    assert sorted(len([d for d in got if d.payload.startswith(c)]) for c in (b"t1", b"t2")) \
+        == [1, 1]
+    await env.engine.set_channel("t1", "q", ChannelSettings(max_concurrency=3))
+    got = await env.engine.acquire(["q"], 10, 30)
+    assert [d.payload[:2] for d in got] == [b"t1", b"t1"]
+    await env.engine.set_channel("t1", "q", None)  # back to the default: already over it
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    listed = {c.name: c for c in await env.engine.channels()}
+    assert listed["t1"].settings is None and listed["t1"].effective.max_concurrency == 1
+    assert (listed["t1"].running, listed["t2"].running) == (3, 1)
+
+
+async def test_channels_share_each_acquire_least_recently_served_first(env: Env) -> None:
+    await publish(env, "big", 40)
+    await publish(env, "small", 3)
+    await publish(env, "tiny", 1)
+    got = await env.engine.acquire(["q"], 6, 30)
+    by = sorted(d.payload.split(b"-")[0] for d in got)
+    assert by == [b"big", b"big", b"small", b"small", b"tiny"] or \
+        by == [b"big", b"big", b"big", b"small", b"small", b"tiny"]
+    got = await env.engine.acquire(["q"], 2, 30)
+    assert {d.payload.split(b"-")[0] for d in got} == {b"big", b"small"}
+
+
+async def test_a_defer_frees_the_slot_and_waits_as_a_channel_message(env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=1))
+    sent = await publish(env, "a", 2)
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    deferred = Settlement(d.id, d.deliveries, Outcome.DEFER, delay=0.3, attempted=False,
+                          history=[{"delivery": 1, "ended": "deferred"}])
+    assert await env.engine.settle([deferred]) == {d.id}
+    (other,) = await env.engine.acquire(["q"], 10, 30)
+    assert other.id == sent[1]
+    assert await env.engine.settle([done(other)]) == {sent[1]}
+    await env.passes(0.35)
+    (back,) = await env.engine.acquire(["q"], 10, 30)
+    assert (back.id, back.defers) == (sent[0], 1)
+
+
+async def test_channel_messages_wait_for_their_delay_and_leave_plain_ones_alone(
+        env: Env) -> None:
+    plain = await env.publish("q", b"p1", b"p2")
+    later = await publish(env, "a", 1, delay=0.3)
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == plain
+    assert await env.engine.acquire(["other"], 10, 30) == []
+    await env.passes(0.35)
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    assert d.id == later[0] and d.scheduled_at is not None
+    assert d.scheduled_at >= d.created_at + timedelta(seconds=0.29)

@@ -1,0 +1,158 @@
+"""Channels through brokers, on every engine: three brokers (as three processes would) share
+channels with max_concurrency=2, counted while the handlers run; a channel with a short
+backlog is not starved by a long one, and ten channels skewed 1000:1 share evenly; an
+ordered channel runs in publish order through retries; max_size refuses a publish in the
+caller's transaction without breaking it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import pytest
+
+from sqlmq import Broker, ChannelFull, Message, Retry
+
+from .conftest import on_every_engine, sibling, wait_for_count
+
+pytestmark = on_every_engine
+
+QUICK = dict(flush_interval=0.0, max_fetch_interval=0.05)
+
+
+async def test_three_brokers_never_exceed_a_channels_concurrency(
+        broker: Broker, db_url: str, prefix: str) -> None:
+    brokers = [broker, sibling(broker, db_url, prefix), sibling(broker, db_url, prefix)]
+    running: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+    done: list[int] = []
+    for b in brokers:
+        @b.subscriber("jobs", workers=6, **QUICK)
+        async def handle(msg: Message) -> None:
+            channel = msg.headers["ch"]
+            running[channel] += 1
+            most[channel] = max(most[channel], running[channel])
+            await asyncio.sleep(0.01)
+            running[channel] -= 1
+            done.append(msg.id)
+
+    channels = [f"c{i}" for i in range(4)]
+    for c in channels:
+        await broker.set_channel(c, max_concurrency=2)
+    sent = []
+    for c in channels:
+        sent += await broker.publish_batch("jobs", range(15), headers={"ch": c}, channel=c)
+    for b in brokers:
+        await b.start()
+    try:
+        await wait_for_count(lambda: len(done), len(sent), message="handled")
+    finally:
+        for b in brokers:
+            await b.stop()
+        for b in brokers[1:]:
+            await b.close()
+    assert sorted(done) == sorted(sent)
+    assert max(most.values()) == 2 and set(most) == set(channels)
+
+
+async def test_a_short_backlog_is_not_starved_by_a_long_one(broker: Broker) -> None:
+    order: list[str] = []
+
+    @broker.subscriber("jobs", workers=2, fetch_batch=4, **QUICK)
+    async def handle(msg: Message) -> None:
+        order.append(msg.headers["ch"])
+        await asyncio.sleep(0.002)
+
+    await broker.publish_batch("jobs", range(300), headers={"ch": "big"}, channel="big")
+    await broker.publish_batch("jobs", range(5), headers={"ch": "small"}, channel="small")
+    await broker.start()
+    await wait_for_count(lambda: len(order), 305, message="handled")
+    await broker.stop()
+    last_small = max(i for i, c in enumerate(order) if c == "small")
+    assert last_small < 30, order[:40]  # round-robin: the small one ends among the first
+
+
+
+def _jain(counts: list[int]) -> float:
+    """Jain's fairness index: 1.0 for equal shares, 1/n when one channel takes all."""
+    return sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts))
+
+
+async def test_ten_channels_skewed_a_thousand_to_one_share_the_workers_evenly(
+        broker: Broker) -> None:
+    """The issue's fairness figure, counted in deliveries instead of seconds so that a
+    loaded machine cannot move it: while every channel has work, each got an even share
+    (Jain's index; ``bench.run channels`` prints it per 1-second window)."""
+    order: list[str] = []
+
+    @broker.subscriber("jobs", workers=4, fetch_batch=8, **QUICK)
+    async def handle(msg: Message) -> None:
+        order.append(msg.headers["ch"])
+
+    names = [f"c{i}" for i in range(10)]
+    for i, name in enumerate(names):
+        await broker.publish_batch("jobs", range(10_000 if i == 0 else 10),
+                                   headers={"ch": name}, channel=name)
+    await broker.start()
+    await wait_for_count(lambda: sum(c != "c0" for c in order), 90, message="small ones done")
+    await broker.stop()
+    seen: Counter[str] = Counter()
+    for name in order:  # up to the first channel to run out of work
+        seen[name] += 1
+        if seen[name] == 10 and name != "c0":
+            break
+    index = _jain([seen[n] for n in names])
+    assert index >= 0.95, (index, seen)  # 0.93 when channels served together were
+    # next ordered by name (the first names served every time), 1.0 at best
+
+
+async def test_an_ordered_channel_runs_in_publish_order_through_retries(
+        broker: Broker) -> None:
+    starts: list[tuple[str, int]] = []
+    active: Counter[str] = Counter()
+    overlap: list[str] = []
+    rng = random.Random(7)
+
+    @broker.subscriber("jobs", workers=8, retry=Retry.constant(0.0, max_attempts=10),
+                       **QUICK)
+    async def handle(msg: Message) -> None:
+        channel, n = msg.headers["ch"], int(msg.body)
+        active[channel] += 1
+        if active[channel] > 1:
+            overlap.append(channel)
+        starts.append((channel, n))
+        await asyncio.sleep(0.001)
+        active[channel] -= 1
+        if rng.random() < 0.2:
+            raise RuntimeError("flaky")
+
+    for c in ("a", "b", "c"):
+        await broker.set_channel(c, ordered=True)
+        for n in range(12):
+            await broker.publish("jobs", n, headers={"ch": c}, channel=c)
+    await broker.start()
+    await wait_for_count(lambda: len({s for s in starts}), 36, message="started")
+    await broker.stop()
+    assert not overlap
+    for c in ("a", "b", "c"):
+        firsts: list[int] = []
+        for ch, n in starts:
+            if ch == c and (not firsts or firsts[-1] != n):
+                firsts.append(n)
+        assert firsts == list(range(12)), (c, firsts)  # a retry repeats in place
+
+
+async def test_max_size_refuses_a_publish_in_the_callers_transaction(broker: Broker) -> None:
+    await broker.set_channel("tiny", max_size=1, queue="jobs")
+    await broker.publish("jobs", "first", channel="tiny")
+    if broker.url.startswith("memory"):
+        with pytest.raises(ChannelFull):
+            await broker.publish("jobs", "second", channel="tiny")
+        return
+    async with broker.db.begin() as conn:
+        with pytest.raises(ChannelFull, match="'tiny' holds 1 messages"):
+            await broker.publish("jobs", "second", channel="tiny", connection=conn)
+        other = await broker.publish("jobs", "plain", connection=conn)  # still usable
+    assert other > 0
+    assert {c.name: c.waiting for c in await broker.channels()} == {"tiny": 1}
