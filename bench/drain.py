@@ -78,6 +78,24 @@ async def drain_sqlmq(db: str, n: int, options: dict[str, Any] | None = None,
         drop_tables(url_for(db))
 
 
+async def timed_drain(broker: Broker, n: int, options: dict[str, Any],
+                      sleep: float = 0.0) -> float:
+    """Messages per second for ``broker``, loaded with ``n`` messages, to archive them all
+    with a subscriber built from exactly ``options``, whose handler sleeps ``sleep``."""
+
+    @broker.subscriber(QUEUE, **options)
+    async def handle(body: bytes) -> None:
+        if sleep:
+            await asyncio.sleep(sleep)
+
+    elapsed = await until_completed(broker, n)
+    await broker.stop()
+    got = await archived(broker)
+    if got != n:
+        raise RuntimeError(f"drain archived {got} of {n} messages")
+    return n / elapsed
+
+
 async def until_completed(broker: Broker, n: int) -> float:
     """Start ``broker`` and return the seconds until its subscribers completed ``n``
     messages (still running: the caller stops it)."""

@@ -7,6 +7,7 @@
     .venv/bin/python -m bench.run processes --db postgresql [--processes 1,2,4]
     .venv/bin/python -m bench.run held [--held-rate 2000 --held-seconds 300 --hold-at 60
                                     --hold 180]
+    .venv/bin/python -m bench.run channels --db all [--n 20000 --channels 1000]
 
 Prints one table per benchmark (medians over ``--repeat`` rounds; ratios are taken within
 each round, then their median), followed by the command line that reproduces it. Run
@@ -35,7 +36,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["drain", "publish", "latency", "fresh", "workers",
-                                    "processes", "held", "all"])
+                                    "processes", "held", "channels", "all"])
     p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
     p.add_argument("--n", type=int, default=DEFAULT_N, help="messages per drain")
     p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported")
@@ -65,6 +66,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="held: seconds into the run when the transaction opens")
     p.add_argument("--hold", type=float, default=180.0,
                    help="held: seconds the transaction stays open")
+    p.add_argument("--channels", type=int, default=1000,
+                   help="channels: how many channels the spread drains use")
     return p.parse_args(argv)
 
 
@@ -282,6 +285,59 @@ def run_workers(args: argparse.Namespace) -> str:
     return "\n\n".join(out)
 
 
+# ---- channels ------------------------------------------------------------------------------
+
+def run_channels(args: argparse.Namespace) -> str:
+    from .channels import LIMITED_WORKERS, drain_rate, fairness
+    from .drain import SQLMQ_DRAIN
+
+    limited, limit, sleep = 8, 2, 0.01
+    expected = limited * limit / sleep
+    out = []
+    for db in dbs(args):
+        rounds: list[dict[str, float]] = []
+        for r in range(args.repeat):
+            got = {
+                "plain": asyncio.run(drain_rate(db, args.n)),
+                "spread": asyncio.run(drain_rate(db, args.n, args.channels)),
+                "ordered": asyncio.run(drain_rate(db, args.n, args.channels, ordered=True)),
+                "limited": asyncio.run(drain_rate(
+                    db, int(expected * 5), limited, sleep,
+                    {"workers": LIMITED_WORKERS, "fetch_batch": LIMITED_WORKERS,
+                     "prefetch": LIMITED_WORKERS}, max_concurrency=limit)),
+            }
+            indices = asyncio.run(fairness(db))
+            got["jain_min"], got["jain_mean"] = min(indices), sum(indices) / len(indices)
+            rounds.append(got)
+            _log(f"{db} round {r + 1}: " + ", ".join(f"{k} {v:,.2f}" for k, v in got.items()))
+
+        def med(key: str, rounds: list[dict[str, float]] = rounds) -> float:
+            return median([g[key] for g in rounds])
+
+        def ratio(key: str, rounds: list[dict[str, float]] = rounds) -> str:
+            return f"{100 * median([g[key] / g['plain'] for g in rounds]):.0f}%"
+
+        rows = [
+            ["plain drain (no channel)", med("plain"), "100%", ""],
+            [f"{args.channels:,} channels, no limits", med("spread"), ratio("spread"),
+             ">= 80%"],
+            [f"{args.channels:,} ordered channels", med("ordered"), ratio("ordered"), ">= 70%"],
+            [f"{limited} channels x max_concurrency={limit}, {sleep * 1000:.0f} ms handlers",
+             med("limited"), f"{100 * med('limited') / expected:.0f}% of {expected:,.0f}",
+             "100% of the sum of limits"],
+        ]
+        text = table(f"channels on {db}: drains of {args.n:,} messages of 64 bytes, no-op "
+                     f"handler unless said, {args.repeat} rounds (msg/s)",
+                     ["run", "median msg/s", "vs plain", "target"], rows)
+        text += (f"\nfairness: 10 channels, backlogs 100,000 : 100 (x9), 4 workers, 20 ms "
+                 f"handlers, no limits: Jain's index per 1 s window while all had work: "
+                 f"min {med('jain_min'):.3f}, mean {med('jain_mean'):.3f} (target >= 0.9)")
+        cfg = ", ".join(f"{k}={v}" for k, v in SQLMQ_DRAIN.items())
+        text += f"\nsqlmq config: one process, {cfg}; limited runs: {LIMITED_WORKERS} workers"
+        out.append(text)
+    return "\n\n".join(out)
+
+
 # ---- processes curve -----------------------------------------------------------------------
 
 def run_processes(args: argparse.Namespace) -> str:
@@ -362,7 +418,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in what:  # each table as soon as it is done
         print({"drain": run_drain, "publish": run_publish, "latency": run_latency,
                "fresh": run_fresh, "workers": run_workers,
-               "processes": run_processes, "held": run_held}[name](args) + "\n", flush=True)
+               "processes": run_processes, "held": run_held,
+               "channels": run_channels}[name](args) + "\n", flush=True)
     print(f"\n{conditions()}")
     print(f"reproduce: .venv/bin/python -m bench.run {shlex.join(argv)}")
 

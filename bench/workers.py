@@ -8,11 +8,10 @@ same rounds for the "defaults versus best" comparison.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from .common import PAYLOAD, QUEUE, drop_tables, fresh_broker, url_for
-from .drain import SQLMQ_DRAIN, archived, preload, until_completed
+from .common import PAYLOAD, drop_tables, fresh_broker, url_for
+from .drain import SQLMQ_DRAIN, preload, timed_drain
 
 #: The other candidate for the best configuration: batches twice the default ceiling.
 BIG_BATCHES = {"workers": 8, "fetch_batch": 1000, "prefetch": 3000, "flush_batch": 2000,
@@ -28,18 +27,7 @@ async def drain_with(db: str, n: int, options: dict[str, Any], sleep: float) -> 
     broker = await fresh_broker(db)
     try:
         await preload(broker, n)
-
-        @broker.subscriber(QUEUE, **options)
-        async def handle(body: bytes) -> None:
-            if sleep:
-                await asyncio.sleep(sleep)
-
-        elapsed = await until_completed(broker, n)
-        await broker.stop()
-        got = await archived(broker)
-        if got != n:
-            raise RuntimeError(f"drain archived {got} of {n} messages")
-        return n / elapsed
+        return await timed_drain(broker, n, options, sleep)
     finally:
         await broker.close()
         drop_tables(url_for(db))

@@ -27,11 +27,26 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.engine import Engine as SyncEngine
 
 from sqlmq import Broker, Message, build_schema
 from sqlmq.connect import parse_url, sync_url
+from sqlmq.schema import UTCDateTime
+from sqlmq.sqltime import db_now_plus
 
 PRELOAD = [
     "sqlmq", "tests.faults.harness", "sqlalchemy.dialects.postgresql.asyncpg",
@@ -46,7 +61,9 @@ class WorkerSpec:
     (a body ``"poison"`` kills the process with ``os._exit``), ``late_reject`` (sleep, then
     reject: with a lease shorter than the sleep, a write that must never land),
     ``slow_first`` (only the first delivery sleeps), ``pipeline`` (sleep, record, then return
-    ``{"from": id}``, which a subscriber with ``publish_to`` publishes onward)."""
+    ``{"from": id}``, which a subscriber with ``publish_to`` publishes onward),
+    ``channel_runs`` (write the start in :func:`runs_table`, sleep, write the end, record,
+    then fail with probability ``fail``: a body is ``{"c": channel, ...}``)."""
 
     url: str
     prefix: str
@@ -57,6 +74,7 @@ class WorkerSpec:
     recovery_interval: float = 0.5
     recovery_spread: float = 1.0
     subscriber: dict[str, Any] = field(default_factory=dict)
+    fail: float = 0.0
 
 
 # ---- the worker side ----------------------------------------------------------------------
@@ -90,8 +108,24 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
     def record(msg: Message, note: str = "") -> None:
         os.write(sink, f"{msg.id} {msg.deliveries}{note}\n".encode())
 
+    runs = runs_table(spec.prefix)
+
+    async def channel_run(msg: Message) -> None:
+        async with broker.db.begin() as conn:
+            run = (await conn.execute(insert(runs).values(
+                channel=msg.body["c"], msg_id=msg.id, delivery=msg.deliveries,
+                pid=os.getpid(), started_at=_DB_NOW))).inserted_primary_key[0]
+        await asyncio.sleep(spec.sleep)
+        async with broker.db.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.id == run).values(ended_at=_DB_NOW))
+        record(msg)
+        if random.random() < spec.fail:
+            raise RuntimeError("a failure the test asked for")
+
     @broker.subscriber(spec.queue, **spec.subscriber)
     async def handle(msg: Message) -> Any:
+        if spec.handler == "channel_runs":
+            return await channel_run(msg)
         if spec.handler == "pipeline":
             await asyncio.sleep(spec.sleep)
             record(msg)
@@ -118,6 +152,26 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
     await broker.close()
     counters = [asdict(r.counters) for r in runtimes]
     (log_dir / f"counters-{os.getpid()}.json").write_text(json.dumps(counters))
+
+
+_DB_NOW = db_now_plus(literal(0.0))
+
+
+def runs_table(prefix: str) -> Table:
+    """Handler executions as the ``channel_runs`` handler records them, in the database and
+    on its clock (the clock of leases and history entries): a start row before the handler's
+    work, its end after. A SIGKILL leaves the end empty. A counter of running handlers
+    cannot be kept instead: a killed handler never takes itself off."""
+    return Table(
+        f"{prefix}runs", MetaData(),
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("channel", String(100), nullable=False),
+        Column("msg_id", BigInteger, nullable=False),
+        Column("delivery", Integer, nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("started_at", UTCDateTime(), nullable=False),
+        Column("ended_at", UTCDateTime()),
+    )
 
 
 # ---- the driver side ----------------------------------------------------------------------
@@ -199,17 +253,19 @@ class Tables:
 
         asyncio.run(go())
 
-    def publish(self, queue: str, bodies: Iterable[Any], chunk: int = 5000) -> list[int]:
+    def publish(self, queue: str, bodies: Iterable[Any], chunk: int = 5000,
+                **options: Any) -> list[int]:
+        """Publish ``bodies`` in batches of ``chunk``, each with ``options`` (``channel=``)."""
         broker = Broker(self.db, table_prefix=self.prefix)
         ids: list[int] = []
         batch: list[Any] = []
         for body in bodies:
             batch.append(body)
             if len(batch) >= chunk:
-                ids += broker.publish_batch_sync(queue, batch)
+                ids += broker.publish_batch_sync(queue, batch, **options)
                 batch = []
         if batch:
-            ids += broker.publish_batch_sync(queue, batch)
+            ids += broker.publish_batch_sync(queue, batch, **options)
         return ids
 
     def left(self, queue: str | None = None) -> int:

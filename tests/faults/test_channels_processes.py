@@ -1,0 +1,219 @@
+"""Channels under three OS processes on each database: the limits hold across processes.
+
+The handlers write each execution's start and end in the database, on its clock
+(:func:`~tests.faults.harness.runs_table`); the checks read the running count off those
+rows. A SIGKILLed handler has no end: its slot is held until recovery moves its message back,
+which its history records (``lease_expired``, with the database's time), so that is its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Table, literal, select
+
+from sqlmq import Broker, Retry
+from sqlmq.sqltime import db_now_plus
+
+from .harness import Tables, WorkerPool, WorkerSpec, outcome, runs_table, wait_ready
+
+LEASE = 2.0
+RECOVERY_INTERVAL = 0.5
+
+
+@pytest.fixture
+def runs(tables: Tables, prefix: str) -> Iterator[Table]:
+    table = runs_table(prefix)
+    table.create(tables.db)
+    try:
+        yield table
+    finally:
+        table.drop(tables.db)
+
+
+def _configure(url: str, prefix: str, **channels: dict[str, Any]) -> None:
+    async def go() -> None:
+        async with Broker(url, table_prefix=prefix) as broker:
+            for name, settings in channels.items():
+                if name.startswith("default:"):
+                    await broker.set_channel_default(name.split(":", 1)[1], **settings)
+                else:
+                    await broker.set_channel(name, **settings)
+
+    asyncio.run(go())
+
+
+def _db_now(tables: Tables) -> datetime:
+    with tables.db.connect() as conn:
+        value = conn.execute(select(db_now_plus(literal(0.0)))).scalar_one()
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+def _wait(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {timeout}s"
+        time.sleep(0.05)
+
+
+def _run_rows(tables: Tables, runs: Table) -> list[Any]:
+    with tables.db.connect() as conn:
+        return list(conn.execute(select(runs).order_by(runs.c.id)))
+
+
+def _archive(tables: Tables) -> dict[int, Any]:
+    a = tables.schema.archive
+    with tables.db.connect() as conn:
+        return {r.id: r for r in conn.execute(
+            select(a.c.id, a.c.state, a.c.archived_at, a.c.history))}
+
+
+def _history(row: Any) -> list[dict[str, Any]]:
+    value = row.history
+    return (json.loads(value) if isinstance(value, str | bytes) else value) or []
+
+
+def _utc(value: datetime | str) -> datetime:
+    at = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _intervals(run_rows: list[Any], archive: dict[int, Any]
+               ) -> tuple[dict[str, list[tuple[datetime, datetime]]], list[datetime]]:
+    """Each channel's executions as (start, end); a killed one ends when recovery took its
+    message back. Also the recovery times of the killed ones."""
+    out: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    recovered: list[datetime] = []
+    for r in run_rows:
+        end = r.ended_at
+        if end is None:
+            expiries = [e for e in _history(archive[r.msg_id])
+                        if e.get("delivery") == r.delivery and e.get("ended") == "lease_expired"]
+            assert expiries, f"execution {r.msg_id}/{r.delivery} neither ended nor recovered"
+            end = _utc(expiries[0]["at"])
+            recovered.append(end)
+        out[r.channel].append((_utc(r.started_at), _utc(end)))
+    return out, recovered
+
+
+def _peak(intervals: list[tuple[datetime, datetime]]) -> int:
+    """The most executions running at once; at equal times an end comes before a start
+    (the database clock's resolution is a millisecond on SQLite)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.slow
+def test_twenty_channels_of_two_hold_across_three_processes_and_a_sigkill(
+    tables: Tables, runs: Table, db_url: str, prefix: str, log_dir: Path
+) -> None:
+    channels = [f"t{i}" for i in range(20)]
+    _configure(db_url, prefix, **{c: {"max_concurrency": 2} for c in channels})
+    published: list[int] = []
+    for c in channels:
+        published += tables.publish("jobs", ({"c": c, "n": n} for n in range(60)), channel=c)
+    spec = WorkerSpec(
+        url=db_url, prefix=prefix, queue="jobs", log_dir=str(log_dir), handler="channel_runs",
+        sleep=0.1, recovery_interval=RECOVERY_INTERVAL,
+        subscriber={"workers": 16, "fetch_batch": 16, "lease": LEASE, "flush_interval": 0.02,
+                    "max_fetch_interval": 0.1},
+    )
+    pool = WorkerPool(spec)
+    try:
+        pool.start(3)
+        wait_ready(log_dir, 3)
+        _wait(lambda: tables.archived() >= 200, 120, "200 messages archived")
+        killed_at = _db_now(tables)
+        pool.kill_random()  # one process dies mid-handler; a replacement starts
+        _wait(lambda: tables.left() == 0, 180, "the queue drained")
+    finally:
+        pool.stop()
+
+    o = outcome(tables, published, log_dir)
+    assert (o.archived, o.left, o.lost, o.double_archived) == (len(published), 0, 0, 0)
+    assert o.completed == len(published) and o.delivery_executed_twice == 0
+    per_channel, recovered = _intervals(_run_rows(tables, runs), _archive(tables))
+    peaks = {c: _peak(iv) for c, iv in per_channel.items()}
+    assert max(peaks.values()) == 2, peaks  # the limit was reached, and never passed
+    assert recovered, "the SIGKILL cut no handler short"
+    # Each slot the killed process held came free within a lease and a recovery round.
+    late = killed_at + timedelta(seconds=LEASE + RECOVERY_INTERVAL + 2.5)
+    assert all(at <= late for at in recovered), (killed_at, sorted(recovered))
+
+
+@pytest.mark.slow
+def test_a_channel_at_twenty_a_second_starts_two_hundred_in_ten_seconds_across_processes(
+    tables: Tables, runs: Table, db_url: str, prefix: str, log_dir: Path
+) -> None:
+    _configure(db_url, prefix, api={"rate": 20.0})
+    tables.publish("jobs", ({"c": "api", "n": n} for n in range(400)), channel="api")
+    spec = WorkerSpec(url=db_url, prefix=prefix, queue="jobs", log_dir=str(log_dir),
+                      handler="channel_runs", subscriber={"lease": 30.0})
+    pool = WorkerPool(spec)
+    try:
+        pool.start(3)
+        wait_ready(log_dir, 3)
+        _wait(lambda: bool(_run_rows(tables, runs)), 60, "a first start")
+        first = _utc(_run_rows(tables, runs)[0].started_at)
+        _wait(lambda: _db_now(tables) > first + timedelta(seconds=10.5), 60, "10 s")
+    finally:
+        pool.stop()
+    starts = [_utc(r.started_at) for r in _run_rows(tables, runs)]
+    in_ten = [s for s in starts if first <= s < first + timedelta(seconds=10)]
+    print(f"\nrate 20/s across 3 processes: {len(in_ten)} starts in 10 s")
+    assert 180 <= len(in_ten) <= 220, len(in_ten)
+    assert len({r.pid for r in _run_rows(tables, runs)}) > 1  # the processes shared it
+
+
+@pytest.mark.slow
+def test_a_hundred_ordered_channels_run_in_publish_order_across_processes_with_failures(
+    tables: Tables, runs: Table, db_url: str, prefix: str, log_dir: Path
+) -> None:
+    _configure(db_url, prefix, **{"default:jobs": {"ordered": True}})
+    published: dict[str, list[int]] = {}
+    for i in range(100):
+        c = f"o{i}"
+        published[c] = tables.publish("jobs", ({"c": c, "n": n} for n in range(50)), channel=c)
+    spec = WorkerSpec(
+        url=db_url, prefix=prefix, queue="jobs", log_dir=str(log_dir), handler="channel_runs",
+        fail=0.1, subscriber={"lease": 30.0, "retry": Retry.constant(0.05, max_attempts=50)},
+    )
+    pool = WorkerPool(spec)
+    try:
+        pool.start(3)
+        wait_ready(log_dir, 3)
+        _wait(lambda: tables.left() == 0, 300, "the queue drained")
+    finally:
+        pool.stop()
+
+    archive = _archive(tables)
+    every = list(itertools.chain.from_iterable(published.values()))
+    assert sorted(archive) == sorted(every)
+    assert {r.state for r in archive.values()} == {"COMPLETED"}
+    run_rows = _run_rows(tables, runs)
+    assert any(r.delivery > 1 for r in run_rows)  # failures were retried
+    per_channel, recovered = _intervals(run_rows, archive)
+    assert not recovered
+    assert {c: _peak(iv) for c, iv in per_channel.items()} == {c: 1 for c in published}
+    for c, ids in published.items():
+        mine = [r for r in run_rows if r.channel == c]  # by row id: the order they started
+        order = [k for k, _ in itertools.groupby(r.msg_id for r in mine)]
+        assert order == ids, c  # in publish order, a retry before anything after it
+        first_start = {}
+        for r in mine:
+            first_start.setdefault(r.msg_id, _utc(r.started_at))
+        for before, after in itertools.pairwise(ids):  # each after the one before ended
+            assert first_start[after] >= _utc(archive[before].archived_at), (c, before)
