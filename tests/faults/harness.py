@@ -198,7 +198,11 @@ class WorkerPool:
 
     def kill_random(self) -> None:
         """SIGKILL one live worker and start its replacement."""
-        victim = random.choice(self.live)
+        self.kill(random.choice(self.live).pid or 0)
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL the live worker ``pid`` and start its replacement."""
+        (victim,) = [p for p in self.live if p.pid == pid]
         victim.kill()
         victim.join()
         self.live.remove(victim)
