@@ -21,8 +21,8 @@ from typing import Any
 
 from sqlmq import Broker, Message
 
-from .common import PAYLOAD, QUEUE, drop_tables, fresh_broker, url_for
-from .drain import SQLMQ_DRAIN, analyze, timed_drain
+from .common import QUEUE, drop_tables, fresh_broker, url_for
+from .drain import SQLMQ_DRAIN, analyze, preload, publish_n, timed_drain
 
 #: Workers for the limited runs: more than the limits let run, so the limits decide.
 LIMITED_WORKERS = 64
@@ -31,9 +31,8 @@ LIMITED_WORKERS = 64
 async def _publish_spread(broker: Broker, n: int, channels: int) -> None:
     """``n`` messages, as even as can be over ``channels`` channels, one batch each."""
     for i in range(channels):
-        count = n // channels + (1 if i < n % channels else 0)
-        if count:
-            await broker.publish_batch(QUEUE, [PAYLOAD] * count, channel=f"c{i}")
+        await publish_n(broker, n // channels + (1 if i < n % channels else 0),
+                        channel=f"c{i}")
 
 
 async def drain_rate(db: str, n: int, channels: int = 0, sleep: float = 0.0,
@@ -46,10 +45,9 @@ async def drain_rate(db: str, n: int, channels: int = 0, sleep: float = 0.0,
             await broker.set_channel_default(QUEUE, **defaults)
         if channels:
             await _publish_spread(broker, n, channels)
+            await analyze(broker)
         else:
-            for i in range(0, n, 5000):
-                await broker.publish_batch(QUEUE, [PAYLOAD] * min(5000, n - i))
-        await analyze(broker)
+            await preload(broker, n)
         return await timed_drain(broker, n, {**SQLMQ_DRAIN, **(options or {})}, sleep)
     finally:
         await broker.close()
@@ -70,10 +68,8 @@ async def fairness(db: str, small: int = 100, skew: int = 1000, channels: int = 
     try:
         names = [f"c{i}" for i in range(channels)]
         for i, name in enumerate(names):
-            count = small * (skew if i == 0 else 1)
-            for start in range(0, count, 5000):
-                await broker.publish_batch(QUEUE, [PAYLOAD] * min(5000, count - start),
-                                           headers={"c": name}, channel=name)
+            await publish_n(broker, small * (skew if i == 0 else 1), headers={"c": name},
+                            channel=name)
         await analyze(broker)
         handled: list[tuple[float, str]] = []
 

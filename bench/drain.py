@@ -26,11 +26,17 @@ LIMIT_BATCH = 500
 
 async def preload(broker: Broker, n: int, chunk: int = 5000) -> float:
     start = time.perf_counter()
-    for i in range(0, n, chunk):
-        await broker.publish_batch(QUEUE, [PAYLOAD] * min(chunk, n - i))
+    await publish_n(broker, n, chunk)
     elapsed = time.perf_counter() - start
     await analyze(broker)
     return elapsed
+
+
+async def publish_n(broker: Broker, n: int, chunk: int = 5000, **options: Any) -> None:
+    """``n`` messages of :data:`PAYLOAD` in batches of ``chunk``, each with ``options``
+    (``channel=``, ``headers=``)."""
+    for i in range(0, n, chunk):
+        await broker.publish_batch(QUEUE, [PAYLOAD] * min(chunk, n - i), **options)
 
 
 async def analyze(broker: Broker) -> None:

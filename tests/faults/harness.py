@@ -233,11 +233,16 @@ class WorkerPool:
 
 
 def wait_ready(log_dir: Path, n: int, timeout: float = 60.0) -> None:
+    wait_for(lambda: len(list(log_dir.glob("ready-*"))) >= n, timeout,
+             f"fewer than {n} workers became ready in {timeout}s; see {log_dir}/worker-*.err")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, failure: str) -> None:
+    """Poll ``condition`` until it holds; after ``timeout`` seconds, fail with ``failure``."""
     deadline = time.monotonic() + timeout
-    while len(list(log_dir.glob("ready-*"))) < n:
+    while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"fewer than {n} workers became ready in {timeout}s; see "
-                                 f"{log_dir}/worker-*.err")
+            raise AssertionError(failure)
         time.sleep(0.05)
 
 
@@ -305,7 +310,7 @@ class Tables:
         with self.db.connect() as conn:
             return list(conn.execute(
                 select(a.c.id, a.c.state, a.c.deliveries_count, a.c.attempts_count, a.c.error,
-                       a.c.history)
+                       a.c.history, a.c.archived_at)
             ))
 
     def drop(self) -> None:

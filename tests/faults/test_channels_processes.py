@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import time
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,16 @@ from sqlalchemy import Table, func, literal, select
 from sqlmq import Broker, Retry
 from sqlmq.sqltime import db_now_plus
 
-from .harness import Tables, WorkerPool, WorkerSpec, outcome, runs_table, wait_ready
+from .harness import (
+    Tables,
+    WorkerPool,
+    WorkerSpec,
+    history,
+    outcome,
+    runs_table,
+    wait_for,
+    wait_ready,
+)
 
 LEASE = 2.0
 RECOVERY_INTERVAL = 0.5
@@ -53,16 +60,9 @@ def _configure(url: str, prefix: str, **channels: dict[str, Any]) -> None:
 
 
 def _db_now(tables: Tables) -> datetime:
+    """The database's clock, as the runs and history entries are written (aware UTC)."""
     with tables.db.connect() as conn:
-        value = conn.execute(select(db_now_plus(literal(0.0)))).scalar_one()
-    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
-
-
-def _wait(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not after {timeout}s"
-        time.sleep(0.05)
+        return conn.execute(select(db_now_plus(literal(0.0)))).scalar_one()
 
 
 def _run_rows(tables: Tables, runs: Table) -> list[Any]:
@@ -71,20 +71,7 @@ def _run_rows(tables: Tables, runs: Table) -> list[Any]:
 
 
 def _archive(tables: Tables) -> dict[int, Any]:
-    a = tables.schema.archive
-    with tables.db.connect() as conn:
-        return {r.id: r for r in conn.execute(
-            select(a.c.id, a.c.state, a.c.archived_at, a.c.history))}
-
-
-def _history(row: Any) -> list[dict[str, Any]]:
-    value = row.history
-    return (json.loads(value) if isinstance(value, str | bytes) else value) or []
-
-
-def _utc(value: datetime | str) -> datetime:
-    at = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
+    return {r.id: r for r in tables.archive_rows()}
 
 
 def _intervals(run_rows: list[Any], archive: dict[int, Any]
@@ -96,12 +83,12 @@ def _intervals(run_rows: list[Any], archive: dict[int, Any]
     for r in run_rows:
         end = r.ended_at
         if end is None:
-            expiries = [e for e in _history(archive[r.msg_id])
+            expiries = [e for e in history(archive[r.msg_id])
                         if e.get("delivery") == r.delivery and e.get("ended") == "lease_expired"]
             assert expiries, f"execution {r.msg_id}/{r.delivery} neither ended nor recovered"
-            end = _utc(expiries[0]["at"])
+            end = datetime.fromisoformat(expiries[0]["at"])
             recovered.append(end)
-        out[r.channel].append((_utc(r.started_at), _utc(end)))
+        out[r.channel].append((r.started_at, end))
     return out, recovered
 
 
@@ -142,12 +129,12 @@ def test_twenty_channels_of_two_hold_across_three_processes_and_a_sigkill(
     try:
         pool.start(3)
         wait_ready(log_dir, 3)
-        _wait(lambda: tables.archived() >= 200, 120, "200 messages archived")
+        wait_for(lambda: tables.archived() >= 200, 120, "not 200 archived after 120 s")
         killed_at = _db_now(tables)
         # the process running the most handlers dies (one that buffered less may run
         # none: the others' deliveries can hold every slot); a replacement starts
         pool.kill(_busiest(tables, runs))
-        _wait(lambda: tables.left() == 0, 180, "the queue drained")
+        wait_for(lambda: tables.left() == 0, 180, "the queue not drained after 180 s")
     finally:
         pool.stop()
 
@@ -175,12 +162,13 @@ def test_a_channel_at_twenty_a_second_starts_two_hundred_in_ten_seconds_across_p
     try:
         pool.start(3)
         wait_ready(log_dir, 3)
-        _wait(lambda: bool(_run_rows(tables, runs)), 60, "a first start")
-        first = _utc(_run_rows(tables, runs)[0].started_at)
-        _wait(lambda: _db_now(tables) > first + timedelta(seconds=10.5), 60, "10 s")
+        wait_for(lambda: bool(_run_rows(tables, runs)), 60, "no start after 60 s")
+        first = _run_rows(tables, runs)[0].started_at
+        wait_for(lambda: _db_now(tables) > first + timedelta(seconds=10.5), 60,
+                 "the database clock did not pass 10.5 s in 60 s")
     finally:
         pool.stop()
-    starts = [_utc(r.started_at) for r in _run_rows(tables, runs)]
+    starts = [r.started_at for r in _run_rows(tables, runs)]
     in_ten = [s for s in starts if first <= s < first + timedelta(seconds=10)]
     print(f"\nrate 20/s across 3 processes: {len(in_ten)} starts in 10 s")
     assert 180 <= len(in_ten) <= 220, len(in_ten)
@@ -204,7 +192,7 @@ def test_a_hundred_ordered_channels_run_in_publish_order_across_processes_with_f
     try:
         pool.start(3)
         wait_ready(log_dir, 3)
-        _wait(lambda: tables.left() == 0, 300, "the queue drained")
+        wait_for(lambda: tables.left() == 0, 300, "the queue not drained after 300 s")
     finally:
         pool.stop()
 
@@ -223,6 +211,6 @@ def test_a_hundred_ordered_channels_run_in_publish_order_across_processes_with_f
         assert order == ids, c  # in publish order, a retry before anything after it
         first_start = {}
         for r in mine:
-            first_start.setdefault(r.msg_id, _utc(r.started_at))
+            first_start.setdefault(r.msg_id, r.started_at)
         for before, after in itertools.pairwise(ids):  # each after the one before ended
-            assert first_start[after] >= _utc(archive[before].archived_at), (c, before)
+            assert first_start[after] >= archive[before].archived_at, (c, before)
