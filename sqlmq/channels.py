@@ -49,6 +49,12 @@ class ChannelSettings:
     ordered: bool = False
     max_size: int | None = None
 
+    @property
+    def holds_slots(self) -> bool:
+        """Whether a running delivery keeps others of the channel waiting until its result
+        is written (a concurrency limit, or ordered): its result is worth writing at once."""
+        return self.ordered or self.max_concurrency is not None
+
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "max_size"):
             value = getattr(self, name)

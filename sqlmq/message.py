@@ -114,6 +114,11 @@ class Message:
         return self._delivery.defers
 
     @property
+    def channel(self) -> str | None:
+        """The channel it was published to (None: none; see :meth:`Broker.set_channel`)."""
+        return self._delivery.channel
+
+    @property
     def cancel_requested(self) -> bool:
         """Whether ``Broker.cancel`` asked for this message while it runs. The handler may
         stop early: unless it succeeds, its result is archived CANCELLED and it does not

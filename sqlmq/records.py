@@ -76,6 +76,12 @@ class Delivery:
     #: ``Broker.cancel`` asked for it while it ran: set by the acquire, and by the lease
     #: keeper for a delivery already held (the handler reads ``msg.cancel_requested``).
     cancel_requested: bool = False
+    #: The channel it was published to (None: none). A written result of a channel's
+    #: delivery may free the channel's slot or let its next ordered message start.
+    channel: str | None = None
+    #: Its channel has a concurrency limit or is ordered: others of the channel wait until
+    #: its result is written, so the runtime writes it without waiting for the interval.
+    holds_slot: bool = False
 
 
 @dataclass(frozen=True, slots=True)

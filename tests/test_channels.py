@@ -156,3 +156,32 @@ async def test_max_size_refuses_a_publish_in_the_callers_transaction(broker: Bro
         other = await broker.publish("jobs", "plain", connection=conn)  # still usable
     assert other > 0
     assert {c.name: c.waiting for c in await broker.channels()} == {"tiny": 1}
+
+
+async def test_a_slot_is_given_back_without_waiting_for_the_flush_interval(
+        broker: Broker) -> None:
+    """A delivery of an ordered or concurrency-limited channel keeps the channel's next
+    message waiting until its result is written: that result is written at once and the
+    fetcher told, whatever the flush interval and the idle poll (30 s each here: waiting
+    for either, the five of a channel would take minutes, one by one)."""
+    seen: list[tuple[str | None, str]] = []
+
+    @broker.subscriber("jobs", workers=4, flush_interval=30.0, max_fetch_interval=30.0)
+    async def handle(msg: Message) -> None:
+        seen.append((msg.channel, msg.body))
+
+    await broker.set_channel("one-at-a-time", max_concurrency=1)
+    await broker.set_channel("in-order", ordered=True)
+    for n in range(5):
+        await broker.publish("jobs", f"m{n}", channel="one-at-a-time")
+        await broker.publish("jobs", f"o{n}", channel="in-order")
+    await broker.publish("jobs", "plain")
+    await broker.start()
+    try:
+        await wait_for_count(lambda: len(seen), 11, message="handled", stall=10)
+    finally:
+        await broker.stop()
+    assert sorted(seen, key=str) == sorted(
+        [("one-at-a-time", f"m{n}") for n in range(5)]
+        + [("in-order", f"o{n}") for n in range(5)] + [(None, "plain")], key=str)
+    assert [b for c, b in seen if c == "in-order"] == [f"o{n}" for n in range(5)]

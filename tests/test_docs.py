@@ -167,7 +167,8 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
         assert len(ticks) == len(set(ticks)) >= 3 and all(
             (t - ticks[0]) % step == timedelta(0) for t in ticks), ticks
     elif "handled.append" in snippet.code:  # README's channels
-        assert sorted(namespace["handled"]) == sorted([f"u{i}" for i in range(20)] + ["vip"])
+        assert sorted(namespace["handled"]) == sorted(
+            [("tenant-1", f"u{i}") for i in range(20)] + [("tenant-2", "vip")])
         assert {c.name: (c.effective.max_concurrency, c.waiting) for c in
                 await broker.channels()} == {"tenant-1": (2, 0), "tenant-2": (4, 0),
                                              "mailer-api": (None, 0)}

@@ -61,6 +61,7 @@ from ..schema import Schema
 from ..sqltime import db_now_plus
 from .core_publish import Flow, publish_flow
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
+from .sql_lists import listed, placed
 
 _NOW = db_now_plus(literal(0.0))
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
@@ -169,21 +170,22 @@ class ChannelStatements:
     async def _serve(self, conn: AsyncConnection, queues: Sequence[str], limit: int,
                      lease: float, candidates: Sequence[Any]) -> list[Delivery]:
         c, m = self.schema.channel, self.schema.message
-        names = [r.name for r in candidates]
-        lock = select(c.c.name, c.c.next_start_at).where(c.c.name.in_(names))
+        names, dialect = [r.name for r in candidates], conn.dialect
+        lock = select(c.c.name, c.c.next_start_at).where(listed(dialect, c.c.name, "names"))
         if self.LOCK_FOR_REQUEUE:  # not SQLite, where writers take turns
             lock = lock.with_for_update(skip_locked=True)
         now: datetime = candidates[0].now
         # read again under the lock: another process may have started one since
-        starts = {name: at for name, at in await conn.execute(lock)
+        starts = {name: at for name, at in await conn.execute(lock, {"names": names})
                   if at is None or at <= now}
         chosen = [r for r in candidates if r.name in starts]
         if not chosen:
             return []
         running = dict((await conn.execute(
             select(m.c.channel, func.count()).where(
-                m.c.channel.in_([r.name for r in chosen]),
-                m.c.state == State.PROCESSING.value).group_by(m.c.channel))).all())
+                listed(dialect, m.c.channel, "names"),
+                m.c.state == State.PROCESSING.value).group_by(m.c.channel),
+            {"names": [r.name for r in chosen]})).all())
         even = share(limit, len(chosen))
         plan: dict[str, tuple[int, ChannelSettings, Any]] = {}
         left = limit
@@ -200,7 +202,8 @@ class ChannelStatements:
         picked = await self._pick(conn, queues, plan, now)
         if not picked:
             return []
-        out = await self._take(conn, picked, lease)
+        out = await self._take(conn, picked, lease,
+                               {name for name, (_, s, _) in plan.items() if s.holds_slots})
         await self._served(conn, {channel for channel, _ in picked.values()}, plan, now)
         return out
 
@@ -254,23 +257,26 @@ class ChannelStatements:
         return picks
 
     async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
-                    lease: float) -> list[Delivery]:
+                    lease: float, holding: set[str]) -> list[Delivery]:
+        """Acquire ``picked``; the deliveries of the ``holding`` channels hold a slot."""
         m = self.schema.message
-        ids = sorted(picked)
+        ids, dialect = sorted(picked), conn.dialect
         await conn.execute(update(m).where(
-            m.c.id.in_(ids), m.c.state.in_(_WAITING), m.c.channel_due_at.is_not(None),
+            listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
+            m.c.channel_due_at.is_not(None),
         ).values(
             state=State.PROCESSING.value, deliveries_count=m.c.deliveries_count + 1,
             acquired_at=_NOW, first_attempt_at=func.coalesce(m.c.first_attempt_at, _NOW),
-            channel_due_at=None, lease_expires_at=db_now_plus(literal(float(lease)))))
+            channel_due_at=None, lease_expires_at=db_now_plus(literal(float(lease)))),
+            {"ids": ids})
         rows = (await conn.execute(select(
             m.c.id, m.c.queue, type_coerce(m.c.headers, Text()).label("headers"), m.c.payload,
             m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
             m.c.acquired_at, m.c.lease_expires_at, type_coerce(m.c.history, Text()).label(
                 "history"), m.c.priority, m.c.expires_at, m.c.saved_state, m.c.defers_count,
             m.c.cancel_requested,
-        ).where(m.c.id.in_(ids), m.c.state == State.PROCESSING.value,
-                m.c.channel_due_at.is_(None)))).all()
+        ).where(listed(dialect, m.c.id, "ids", "id"), m.c.state == State.PROCESSING.value,
+                m.c.channel_due_at.is_(None)), {"ids": ids})).all()
 
         def decode(r: Any) -> Delivery:
             return Delivery(r.id, r.queue, headers_of(r.headers), blob(r.payload),
@@ -278,7 +284,9 @@ class ChannelStatements:
                             r.first_attempt_at, r.acquired_at, r.lease_expires_at,
                             picked[r.id][1], decode_history(r.history), priority=r.priority,
                             expires_at=r.expires_at, saved_state=r.saved_state,
-                            defers=r.defers_count, cancel_requested=bool(r.cancel_requested))
+                            defers=r.defers_count, cancel_requested=bool(r.cancel_requested),
+                            channel=picked[r.id][0],
+                            holds_slot=picked[r.id][0] in holding)
 
         def undecodable(r: Any, exc: BaseException) -> Delivery:
             return undecodable_delivery(r.id, r.queue, r.attempts_count, r.deliveries_count,
@@ -294,12 +302,14 @@ class ChannelStatements:
                       now: datetime) -> None:
         """Mark ``channels`` served now (to the back of the fair-sharing order); under a
         rate, move their next start."""
-        c = self.schema.channel
-        rank = {name: i for i, name in enumerate(n for n in plan if n in channels)}
-        plain = sorted(name for name in channels if plan[name][1].rate is None)
-        if plain:
-            await conn.execute(update(c).where(c.c.name.in_(plain)).values(
-                served_at=_NOW, served_rank=case({n: rank[n] for n in plain}, value=c.c.name)))
+        c, dialect = self.schema.channel, conn.dialect
+        order = [n for n in plan if n in channels]
+        rank = {name: i for i, name in enumerate(order)}
+        plain = [name for name in order if plan[name][1].rate is None]
+        if plain:  # their place in the serving order breaks the tie of a shared served_at
+            where, rank_of = placed(dialect, c.c.name, "names")
+            await conn.execute(update(c).where(where).values(
+                served_at=_NOW, served_rank=rank_of), {"names": plain})
         for name in sorted(channels - set(plain)):
             _, settings, planned = plan[name]
             await conn.execute(update(c).where(c.c.name == name).values(

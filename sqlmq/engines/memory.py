@@ -375,7 +375,7 @@ def _delivery(r: Row, scheduled: datetime | None) -> Delivery:
                     r.deliveries_count, r.created_at, r.first_attempt_at, r.acquired_at,
                     r.lease_expires_at, scheduled, _copy(r.history) or [], priority=r.priority,
                     expires_at=r.expires_at, saved_state=r.saved_state, defers=r.defers_count,
-                    cancel_requested=bool(r.cancel_requested))
+                    cancel_requested=bool(r.cancel_requested), channel=r.channel)
 
 
 def _defer(row: Row, s: Settlement, now: datetime) -> None:

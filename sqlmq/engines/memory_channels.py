@@ -98,7 +98,9 @@ class MemoryChannels:
                 continue
             for r in picked:
                 scheduled, r.channel_due_at = r.channel_due_at, None
-                out.append(take(r, scheduled))
+                d = take(r, scheduled)
+                d.holds_slot = settings.holds_slots
+                out.append(d)
             ch.served_at, ch.served_rank, served = now, served, served + 1
             ch.next_start_at = next_start(settings, ch.next_start_at, now)
             if len(out) >= limit:

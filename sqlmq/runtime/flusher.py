@@ -16,6 +16,7 @@ from .leases import Holdings, Key
 
 if TYPE_CHECKING:
     from ..engines.contract import Engine
+    from ..records import Delivery
     from ..subscriber import SubscriberConfig
 
 log = logging.getLogger("sqlmq")
@@ -48,8 +49,10 @@ class Flusher:
         self._in_doubt: set[Key] = set()
         self._room = room  # tells the fetcher that results were written
         #: Tells the fetcher that a written result made a message ready at once (a defer or
-        #: a retry without delay): its next acquire should not wait for the idle poll, or a
-        #: handler deferring itself in a loop runs once per poll interval.
+        #: a retry without delay, or any result of a delivery that held a channel's slot):
+        #: its next acquire should not wait for the idle poll, or a handler deferring itself
+        #: in a loop runs once per poll interval, and a channel limited to N runs N per
+        #: poll interval.
         self._ready = ready
         self._flushed = asyncio.Event()  # set when results were written (workers wait on it)
         self._now = asyncio.Event()  # a batch is ready: flush before the interval ends
@@ -71,7 +74,8 @@ class Flusher:
             self._flushed.clear()
             await self._flushed.wait()
         self.results.append(settlement)
-        if len(self.results) >= self.cfg.flush_batch or not self.cfg.flush_interval:
+        if (len(self.results) >= self.cfg.flush_batch or not self.cfg.flush_interval
+                or _held_a_slot(self.holdings.held, settlement)):
             self._now.set()
 
     def add(self, settlement: Settlement, *, soon: bool = False) -> None:
@@ -164,7 +168,7 @@ class Flusher:
             results[:] = [s for s in results if id(s) not in flushed]
         c = self.counters
         held, lost, in_doubt = self.holdings.held, self.holdings.lost, self._in_doubt
-        if any(s.id in applied and _ready_again(s) for s in batch):
+        if any(s.id in applied and (_ready_again(s) or _held_a_slot(held, s)) for s in batch):
             self._ready()
         for s in batch:
             held.pop((s.id, s.deliveries), None)
@@ -246,6 +250,14 @@ def _ready_again(s: Settlement) -> bool:
     """Whether ``s``, written, leaves its message ready to be delivered at once."""
     return (s.outcome in (Outcome.RETRY, Outcome.DEFER)
             and s.delay <= 0 and s.at is None)
+
+
+def _held_a_slot(held: dict[Key, Delivery], s: Settlement) -> bool:
+    """Whether ``s`` is the result of a delivery holding a channel's slot: written, it
+    lets another of the channel start, so it is written without waiting for the interval
+    and the fetcher is told at once."""
+    d = held.get((s.id, s.deliveries))
+    return d is not None and d.holds_slot
 
 
 def _one_per_message(results: list[Settlement], limit: int) -> list[Settlement]:

@@ -298,3 +298,11 @@ SELECT m.id, m.deliveries_count, m.attempts_count
 FROM JSON_TABLE(@sqlmq_take, '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
   STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
 """
+
+# ---- lists -----------------------------------------------------------------------------------
+
+# A JSON array of names bound as :{key}, as rows: each name (v, compared as queue names
+# are) and its place from 1 (i). The channel acquire's list of names to mark served
+# (sql_lists.py).
+LIST_ITEMS = """SELECT j.i, j.v FROM JSON_TABLE(:{key}, '$[*]' COLUMNS (i FOR ORDINALITY,
+    v VARCHAR({name_length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin PATH '$')) AS j"""

@@ -270,3 +270,9 @@ SPARK_RECORD_LEASE = """
 INSERT INTO {spark_lease} (consumer, seq, id, deliveries, attempts)
 VALUES (:consumer, :seq, :id, :deliveries, :attempts)
 """
+
+# ---- lists -----------------------------------------------------------------------------------
+
+# A JSON array bound as :{key}, as rows: each item (v) and its place from 1 (i). The channel
+# acquire's lists of ids and names, one parameter whatever their length (sql_lists.py).
+LIST_ITEMS = "SELECT key + 1 AS i, value AS v FROM json_each(:{key})"

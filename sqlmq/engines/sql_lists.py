@@ -1,0 +1,90 @@
+"""A Python list as one statement parameter, on every database.
+
+An expanding ``IN`` renders one placeholder per item at every execution: with the 500
+ids or channel names of a channel acquire that cost about 4 ms of Python a statement,
+and each list length was a new statement for the server to prepare. Here the statement
+text is the same whatever the list: PostgreSQL takes an array (``= ANY``, and
+``array_position`` for an item's place), SQLite a JSON array it reads as a table
+(``json_each``). MariaDB keeps the expanding ``IN`` (see :func:`listed`), and reads the
+names to mark served from a JSON array (``JSON_TABLE``) joined to the channel rows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import BigInteger, Text, any_, bindparam, func, literal_column, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeDecorator
+
+from ..schema import MAX_QUEUE_NAME
+from .sql import mysql as mysql_sql
+from .sql import render
+from .sql import sqlite as sqlite_sql
+
+
+class _ListParam(TypeDecorator[list[Any]]):
+    """A list bound as a PostgreSQL array, or elsewhere as its JSON text."""
+
+    impl = Text
+    cache_ok = True
+
+    def __init__(self, of: str) -> None:
+        super().__init__()
+        self.of = of
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(ARRAY(BigInteger if self.of == "id" else Text))
+        return dialect.type_descriptor(Text())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql":
+            return list(value)
+        return json.dumps(list(value))
+
+
+def _param(key: str, of: str) -> Any:
+    return bindparam(key, type_=_ListParam(of))
+
+
+def _items(dialect: Dialect, key: str, of: str) -> Any:
+    """The list's items as a subquery ``j``: each (``v``) and its place from 1 (``i``)."""
+    if dialect.name == "sqlite":
+        stmt = render(sqlite_sql.LIST_ITEMS, {"key": key})
+    else:
+        stmt = render(mysql_sql.LIST_ITEMS, {"key": key, "name_length": MAX_QUEUE_NAME})
+    return text(stmt).bindparams(_param(key, of)).columns(
+        literal_column("i"), literal_column("v")).subquery("j")
+
+
+def listed(dialect: Dialect, column: Any, key: str, of: str = "name") -> ColumnElement[bool]:
+    """``column`` is one of the list bound as ``key`` (``of``: "id" or "name"). MariaDB
+    keeps the expanding ``IN``: it ran the list read from JSON as a subquery for every
+    row of the table (a 500-id take of 20,000 rows went from 5 ms to a second)."""
+    if dialect.name == "postgresql":
+        return column == any_(_param(key, of))
+    if dialect.name == "sqlite":
+        return column.in_(select(_items(dialect, key, of).c.v))
+    return column.in_(bindparam(key, expanding=True))
+
+
+def placed(dialect: Dialect, column: Any, key: str) -> tuple[ColumnElement[bool], Any]:
+    """For an UPDATE of the rows whose ``column`` is in the list of names bound as ``key``:
+    its condition, and each row's place (from 1) in the list. On MariaDB the list is
+    joined to the rows updated; a subquery per row read the whole list for
+    each (120 ms for 500 names)."""
+    if dialect.name == "postgresql":
+        param = _param(key, "name")
+        return column == any_(param), func.array_position(param, column)
+    items = _items(dialect, key, "name")
+    if dialect.name == "sqlite":
+        return (column.in_(select(items.c.v)),
+                select(items.c.i).where(items.c.v == column).scalar_subquery())
+    return column == items.c.v, items.c.i
+
+
+__all__ = ["listed", "placed"]
