@@ -4,6 +4,7 @@ from .broker import Broker
 from .channels import ChannelInfo, ChannelSettings
 from .codec import decode, encode
 from .connect import safe_url
+from .dead_letters import DeadLetter
 from .engines import Engine, engine_for
 from .errors import (
     AlreadySettled,
@@ -21,9 +22,20 @@ from .errors import (
     SqlmqError,
     UnknownGroup,
 )
+from .insights import ArchivePage, Insights, Latency, QueueDetail, QueueOverview
 from .lifecycle import AckPolicy, Outcome, State
 from .message import Message
-from .records import Cancellation, Delivery, Published, QueueStats, Settlement
+from .metrics import PrometheusMetrics, serve_metrics
+from .middleware import CallNext, Middleware, MiddlewareError, PublishBatch, Settled
+from .records import (
+    Cancellation,
+    Delivery,
+    PausedQueue,
+    Published,
+    QueueStats,
+    Settlement,
+    WorkerInfo,
+)
 from .retry import Retry, RetryStrategy
 from .schedules import Cadence, Schedule, ScheduleInfo
 from .schema import (
@@ -35,31 +47,47 @@ from .schema import (
     metadata,
 )
 from .topics import TopicGroup, group_queue
+from .tracing import TracingMiddleware
+from .views import ArchiveQuery, MessageView, WindowCount
 
 __all__ = [
     "SCHEMA_VERSION",
     "AckPolicy",
     "AlreadySettled",
+    "ArchivePage",
+    "ArchiveQuery",
     "Broker",
     "Cadence",
+    "CallNext",
     "Cancellation",
     "ChannelFull",
     "ChannelInfo",
     "ChannelSettings",
     "ConfigurationError",
     "ConnectTimeout",
+    "DeadLetter",
     "DecodeError",
     "Delivery",
     "EncodeError",
     "Engine",
     "HandlerSignatureError",
+    "Insights",
+    "Latency",
     "Message",
+    "MessageView",
+    "Middleware",
+    "MiddlewareError",
     "Outcome",
+    "PausedQueue",
     "PayloadTooLarge",
     "PipelineError",
+    "PrometheusMetrics",
+    "PublishBatch",
     "PublishError",
     "PublishOutcomeUnknown",
     "Published",
+    "QueueDetail",
+    "QueueOverview",
     "QueueStats",
     "Retry",
     "RetryStrategy",
@@ -67,11 +95,15 @@ __all__ = [
     "ScheduleInfo",
     "Schema",
     "SchemaError",
+    "Settled",
     "Settlement",
     "SqlmqError",
     "State",
     "TopicGroup",
+    "TracingMiddleware",
     "UnknownGroup",
+    "WindowCount",
+    "WorkerInfo",
     "archive_table",
     "build_schema",
     "decode",
@@ -81,4 +113,5 @@ __all__ = [
     "message_table",
     "metadata",
     "safe_url",
+    "serve_metrics",
 ]

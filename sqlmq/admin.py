@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .channels import ChannelInfo, ChannelSettings, check_channel
+from .dead_letters import DeadLetter, DeadLetterHook, DeadLetters
 from .errors import ConfigurationError, UnknownGroup
+from .insights import Insights
 from .records import Cancellation, QueueStats
 from .subscriber import check_queue
 from .topics import TopicGroup
@@ -23,6 +25,7 @@ class Administration:
     if TYPE_CHECKING:
         _engine: Engine
         _runtimes: list[SubscriberRuntime]
+        _dead_letters: DeadLetters
 
     # ---- topics --------------------------------------------------------------------------
 
@@ -95,12 +98,33 @@ class Administration:
         if found.outcome == "requested":
             for runtime in self._runtimes:  # a delivery this process holds sees it now
                 runtime.cancel_requested(found.id)
+        elif found.outcome == "cancelled":  # archived CANCELLED now: a dead letter
+            view = await self._engine.message_view(found.id)
+            if view is not None:
+                self._dead_letters.report(DeadLetter(view.id, view.queue, view.state,
+                                                     view.error, view.deliveries, view.headers))
         return found
+
+    # ---- dead letters (see sqlmq.dead_letters) ---------------------------------------------
+
+    def on_dead_letter(self, hook: DeadLetterHook) -> DeadLetterHook:
+        """Call ``hook`` (a function or a coroutine function, as a decorator) with a
+        :class:`~sqlmq.dead_letters.DeadLetter` for every message this process archives
+        FAILED or CANCELLED, after the database accepted it. Every dead letter is also
+        logged as one WARNING line, hooks or not."""
+        self._dead_letters.hooks.append(hook)
+        return hook
 
     # ---- insights ------------------------------------------------------------------------
 
     async def stats(self) -> list[QueueStats]:
         return await self._engine.stats()
+
+    def insights(self) -> Insights:
+        """The read-only views the CLI, the dashboard and the metrics share: queue
+        overviews with rates and latency, one queue in detail, a message by id, the
+        archive searched and paginated (see :mod:`sqlmq.insights`)."""
+        return Insights(self._engine)
 
 
 __all__ = ["Administration"]

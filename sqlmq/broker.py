@@ -6,8 +6,8 @@ subscribers, and start/stop. Which database it runs on is the engine's business
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import URL
 from sqlalchemy.engine import Engine as SyncEngine
@@ -15,11 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .admin import Administration
 from .connect import safe_url
+from .dead_letters import DeadLetters
 from .engines import engine_for
 from .engines.contract import Engine, WakeSource
 from .errors import ConfigurationError
 from .lifecycle import AckPolicy
-from .maintenance import LeaseRecovery
+from .maintenance import Heartbeat, LeaseRecovery
+from .middleware import Hooks
+from .operations import Operations
 from .publisher import Publisher
 from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
@@ -29,24 +32,42 @@ from .subscriber import HandlerAdapter, Subscriber, SubscriberConfig
 from .topics import subscription
 from .wakeups import Wakeups
 
+if TYPE_CHECKING:
+    from .metrics import PrometheusMetrics
 
-class Broker(Publisher, Scheduling, Administration):
+
+class Broker(Publisher, Scheduling, Administration, Operations):
     """A message broker on a database you already run.
 
     ``target`` is a URL (``postgresql://…``, ``mysql://…``/``mariadb://…``,
     ``sqlite:///path``, or ``memory://`` for an in-process broker in tests) or your own
     SQLAlchemy ``AsyncEngine`` (or sync ``Engine``, which then serves ``publish_sync`` only).
+
+    ``middleware``: hooks around publish and handle (see :mod:`sqlmq.middleware`), the first
+    outermost. ``metrics_port``: serve Prometheus metrics on ``metrics_host:metrics_port``
+    while the broker runs (see :mod:`sqlmq.metrics`; 0 picks a free port).
+    ``heartbeat_interval``: seconds between two heartbeats of its row in the live workers
+    registry while it runs subscribers (see :mod:`sqlmq.operations`).
     """
 
     def __init__(
         self, target: str | URL | AsyncEngine | SyncEngine, *,
         table_prefix: str = DEFAULT_PREFIX, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         recovery_interval: float = 5.0, recovery_spread: float = 1.0,
+        middleware: Iterable[object] = (), metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1", heartbeat_interval: float = 5.0,
     ) -> None:
         self.schema: Schema = build_schema(table_prefix)
         self.max_payload_bytes = max_payload_bytes
         self.recovery_interval = recovery_interval
         self.recovery_spread = recovery_spread
+        if isinstance(heartbeat_interval, bool) or not isinstance(
+                heartbeat_interval, int | float) or not 0 < heartbeat_interval < 3600:
+            raise ConfigurationError(f"heartbeat_interval must be a number of seconds above 0 "
+                                     f"and under an hour, got {heartbeat_interval!r}")
+        #: Seconds between two heartbeats of the workers registry while running.
+        self.heartbeat_interval = float(heartbeat_interval)
+        self._heartbeat: Heartbeat | None = None
         self._engine: Engine = engine_for(target, self.schema)  # checks ``target``
         #: The database URL as the user gave it, with the password masked.
         self.url = safe_url(target)
@@ -59,6 +80,17 @@ class Broker(Publisher, Scheduling, Administration):
         self._started = False
         #: The engine's push wake-ups while running (PostgreSQL's LISTEN connection).
         self.listener: WakeSource | None = None
+        self._hooks = Hooks(middleware)
+        self._hooks_started = False
+        self._dead_letters = DeadLetters()  # the WARNING line and @on_dead_letter hooks
+        #: The Prometheus metrics of this broker (``metrics_port`` or
+        #: :func:`sqlmq.metrics.serve_metrics`), else None.
+        self.metrics: PrometheusMetrics | None = None
+        if metrics_port is not None:
+            from .metrics import PrometheusMetrics
+
+            self.metrics = PrometheusMetrics(port=metrics_port, host=metrics_host)
+            self._hooks.add(self.metrics, first=True)
 
     def __repr__(self) -> str:
         return f"Broker({self.url!r})"
@@ -94,6 +126,23 @@ class Broker(Publisher, Scheduling, Administration):
 
     async def check_schema(self) -> None:
         await self._engine.check_schema(self.url)
+
+    # ---- middleware ----------------------------------------------------------------------
+
+    def add_middleware(self, middleware: object, *, first: bool = False) -> None:
+        """Register a middleware (see :mod:`sqlmq.middleware`) after those given so far, or
+        with ``first`` before them (outermost). Before :meth:`start`: the subscribers' hooks
+        are composed when they start."""
+        if self._started:
+            raise ConfigurationError(
+                "add middleware before start(): the subscribers' hooks are composed when "
+                "they start")
+        self._hooks.add(middleware, first=first)
+
+    @property
+    def middleware(self) -> list[object]:
+        """The middleware registered, outermost first."""
+        return list(self._hooks.middleware)
 
     # ---- subscribers ---------------------------------------------------------------------
 
@@ -160,6 +209,9 @@ class Broker(Publisher, Scheduling, Administration):
         for sub in self._subscribers:
             for pattern, group in sub.config.groups:
                 await self._engine.join_group(pattern, group)
+        if self._hooks.lifecycle:
+            self._hooks_started = True
+            await self._hooks.started(self)
         self._started = True
         for sub in self._subscribers:
             self._start_one(sub)
@@ -167,13 +219,20 @@ class Broker(Publisher, Scheduling, Administration):
             self._recovery = LeaseRecovery(self._engine, self._recovery_every,
                                            self.recovery_spread, self._wakeups.wake_all)
             self._recovery.start()
+        if self._heartbeat is not None:  # listed in workers() once start() returns
+            await self._heartbeat.first_beat()
         if self._schedules:
             self._run_schedules()
 
     def _start_one(self, sub: Subscriber) -> None:
-        runtime = SubscriberRuntime(self._engine, sub, self._wakeups.register(sub.queues))
+        runtime = SubscriberRuntime(self._engine, sub, self._wakeups.register(sub.queues),
+                                    self._hooks, self._dead_letters)
         self._runtimes.append(runtime)
         runtime.start()
+        if self._heartbeat is None:  # this broker now shows in the live workers registry
+            self._heartbeat = Heartbeat(self._engine, self.heartbeat_interval,
+                                        self._describe_workers)
+            self._heartbeat.start()
         if self.listener is None:
             self.listener = self._engine.wake_source(self._wakeups.wake,
                                                      self._wakeups.wake_all)
@@ -194,9 +253,16 @@ class Broker(Publisher, Scheduling, Administration):
             await self._recovery.stop()
             self._recovery = None
         await asyncio.gather(*(r.stop(graceful_timeout) for r in self._runtimes))
+        await self._dead_letters.drain()  # the hooks of the last results written
+        if self._heartbeat is not None:  # after the handlers: listed while they finish
+            await self._heartbeat.stop()
+            self._heartbeat = None
         self._runtimes.clear()
         self._wakeups.clear()
         self._started = False
+        if self._hooks_started:
+            self._hooks_started = False
+            await self._hooks.stopped(self)
 
     async def close(self) -> None:
         """Stop, and release what the engine holds (the SQLAlchemy engines sqlmq created)."""

@@ -27,10 +27,14 @@ def idle_runtime(runtimes: Iterable[SubscriberRuntime], wakeups: Wakeups,
 
 
 async def hand_over(engine: Engine, wakeups: Wakeups, runtime: SubscriberRuntime,
-                    message: NewMessage) -> int:
+                    message: NewMessage) -> int | None:
     """Publish ``message`` already acquired for ``runtime`` and hand it over. The row is
-    what an acquire leaves, leased and fenced as usual, so a crash loses nothing."""
+    what an acquire leaves, leased and fenced as usual, so a crash loses nothing. None: its
+    queue is paused, nothing was written (the caller publishes it the ordinary way, and it
+    waits for the resume)."""
     d = await engine.publish_leased(message, runtime.cfg.lease)
+    if d is None:
+        return None
     if not runtime.hand_over(d):  # it began to stop meanwhile: back to the queue
         await engine.settle([Settlement(d.id, d.deliveries, Outcome.RELEASE, refund=True,
                                         attempted=False)])

@@ -137,6 +137,13 @@ def _v10(conn: Connection, schema: Schema) -> None:
                                checkfirst=True)
 
 
+def _v11(conn: Connection, schema: Schema) -> None:
+    """Operations: the live workers registry and the paused queues (two new tables; the
+    message table is untouched)."""
+    schema.metadata.create_all(conn, tables=[schema.worker, schema.queue_pause],
+                               checkfirst=True)
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -152,7 +159,8 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
-    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10}
+    1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
+    11: _v11}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

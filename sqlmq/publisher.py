@@ -4,7 +4,9 @@
 Every publish is validated and encoded first (:func:`sqlmq.publishing.prepare`), then
 written by the engine, on sqlmq's own connections or in the caller's transaction
 (``connection=``: the outbox). A single due publish with nobody else's transaction may be
-handed straight to an idle subscriber of this process (:mod:`sqlmq.handover`).
+handed straight to an idle subscriber of this process (:mod:`sqlmq.handover`). Every
+publish goes through the middleware's ``publish`` hooks, when there are any
+(:mod:`sqlmq.middleware`), between the validation and the write.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sqlalchemy.orm import Session
 from .engines.contract import Engine
 from .errors import ConfigurationError, PublishError
 from .handover import hand_over, idle_runtime
+from .middleware import Hooks, PublishBatch
 from .publishing import check_executor, prepare
 from .records import NewMessages
 from .runtime import SubscriberRuntime
@@ -37,6 +40,7 @@ class Publisher:
     _engine: Engine
     _runtimes: list[SubscriberRuntime]
     _wakeups: Wakeups
+    _hooks: Hooks
 
     async def publish(
         self, queue: str, body: Any, *, headers: Mapping[str, str] | None = None,
@@ -73,11 +77,22 @@ class Publisher:
         if not messages:
             return []
         check_executor(connection, asynchronous=True)
+        if self._hooks.publish:
+            batch = PublishBatch(messages, connection=connection)
+            with self._hooks.around_publish(batch):
+                ids = batch.ids = await self._write(queue, messages, connection)
+            return ids
+        return await self._write(queue, messages, connection)
+
+    async def _write(self, queue: str, messages: NewMessages,
+                     connection: AsyncConnection | AsyncSession | None) -> list[int]:
         if connection is None and self._engine.hands_over and len(messages) == 1 \
                 and messages.at is None and not messages.core_only:
             direct = idle_runtime(self._runtimes, self._wakeups, messages[0])
             if direct is not None:
-                return [await hand_over(self._engine, self._wakeups, direct, messages[0])]
+                handed = await hand_over(self._engine, self._wakeups, direct, messages[0])
+                if handed is not None:
+                    return [handed]  # else its queue is paused: published the usual way
         ids = await self._engine.publish(messages, connection)
         self._wakeups.wake_when_visible(queue, connection)
         return ids
@@ -108,7 +123,12 @@ class Publisher:
         if not messages:
             return []
         check_executor(connection, asynchronous=False)
-        ids = self._engine.publish_sync(messages, connection)
+        if self._hooks.publish:
+            batch = PublishBatch(messages, connection=connection)
+            with self._hooks.around_publish(batch):
+                ids = batch.ids = self._engine.publish_sync(messages, connection)
+        else:
+            ids = self._engine.publish_sync(messages, connection)
         self._wakeups.wake_when_visible(queue, connection)
         return ids
 
@@ -143,7 +163,13 @@ class Publisher:
         if not messages:
             return {}
         check_executor(connection, asynchronous=True)
-        fanout = await self._engine.publish_topic(topic, messages, connection)
+        if self._hooks.publish:
+            batch = PublishBatch(messages, topic=topic, connection=connection)
+            with self._hooks.around_publish(batch):
+                fanout = await self._engine.publish_topic(topic, messages, connection)
+                batch.ids = [i for ids in fanout.values() for i in ids]
+        else:
+            fanout = await self._engine.publish_topic(topic, messages, connection)
         for queue in fanout:
             self._wakeups.wake_when_visible(queue, connection)
         return fanout
@@ -174,7 +200,13 @@ class Publisher:
         if not messages:
             return {}
         check_executor(connection, asynchronous=False)
-        fanout = self._engine.publish_topic_sync(topic, messages, connection)
+        if self._hooks.publish:
+            batch = PublishBatch(messages, topic=topic, connection=connection)
+            with self._hooks.around_publish(batch):
+                fanout = self._engine.publish_topic_sync(topic, messages, connection)
+                batch.ids = [i for ids in fanout.values() for i in ids]
+        else:
+            fanout = self._engine.publish_topic_sync(topic, messages, connection)
         for queue in fanout:
             self._wakeups.wake_when_visible(queue, connection)
         return fanout

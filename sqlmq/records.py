@@ -11,8 +11,9 @@ from typing import Any, Literal
 from .lifecycle import HISTORY_LIMIT, Settlement, append_history, history_entry
 from .new_messages import NewMessage, NewMessages
 
-__all__ = ["HISTORY_LIMIT", "Cancellation", "Delivery", "NewMessage", "NewMessages", "Published",
-           "QueueStats", "Settlement", "append_history", "history_entry"]
+__all__ = ["HISTORY_LIMIT", "Cancellation", "Delivery", "NewMessage", "NewMessages",
+           "PausedQueue", "Published", "QueueStats", "Settlement", "WorkerBeat", "WorkerInfo",
+           "append_history", "history_entry"]
 
 
 class Published(int):
@@ -119,3 +120,60 @@ class Cancellation:
                         "cancel",
             "unknown": f"no message {self.id} (not waiting, running or archived)",
         }[self.outcome]
+
+
+# ---- operations (schema version 11): the live workers registry and paused queues ----------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBeat:
+    """What one heartbeat of a running broker writes to its row of the workers registry
+    (see :mod:`sqlmq.maintenance.heartbeat`). ``ttl``: seconds, on the database clock, for
+    which the row is believed without another beat; after them the process is taken for
+    dead and its row deleted."""
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    #: One JSON object per subscriber: its name, queues and settings, and its counts.
+    subscribers: list[dict[str, Any]]
+    running: int
+    held: int
+    ttl: float
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live broker, as ``await broker.workers()`` lists it: one that has started
+    subscribers and whose last heartbeat is recent enough (``expires_at`` is ahead on the
+    database clock). Counts are as of ``heartbeat_at``."""
+
+    #: Made afresh by each start of a broker (a uuid).
+    id: str
+    host: str
+    pid: int
+    #: The sqlmq package version the process runs.
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    #: Without another heartbeat by then, the process is taken for dead.
+    expires_at: datetime
+    #: One JSON object per subscriber: ``name``, ``handler``, ``queues``, ``workers``,
+    #: ``prefetch``, ``fetch_batch``, ``lease`` and its other settings, and its own
+    #: ``running`` and ``held`` counts.
+    subscribers: list[dict[str, Any]]
+    #: Handlers in flight, over all its subscribers.
+    running: int
+    #: Deliveries fetched and not started yet (its prefetch buffers).
+    held: int
+
+
+@dataclass(frozen=True, slots=True)
+class PausedQueue:
+    """A paused queue: no process takes its messages until it is resumed (publishing goes
+    on; the messages wait)."""
+
+    queue: str
+    #: Database time.
+    paused_at: datetime

@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -254,10 +254,15 @@ class Schema:
     #: :mod:`sqlmq.channels`).
     channel: Table
     channel_default: Table
+    #: The live workers registry and the paused queues (schema version 11; see
+    #: :mod:`sqlmq.maintenance.heartbeat` and :mod:`sqlmq.engines.core_operations`).
+    worker: Table
+    queue_pause: Table
 
     @property
     def names(self) -> dict[str, str]:
-        return {"m": self.message.name, "a": self.archive.name, "v": self.version.name}
+        return {"m": self.message.name, "a": self.archive.name, "v": self.version.name,
+                "pause": self.queue_pause.name}
 
 
 def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Schema:
@@ -331,7 +336,47 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     )
     return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md),
                   _topic_group(prefix, md), *_schedule_tables(prefix, md),
-                  *_channel_tables(prefix, md))
+                  *_channel_tables(prefix, md), *_operations_tables(prefix, md))
+
+
+#: The longest host name a worker row keeps (characters; longer ones are cut).
+MAX_HOST = 255
+
+
+def _operations_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
+    """Schema version 11: what operators see and steer.
+
+    ``worker``: a row per running broker (one with started subscribers), written by its
+    heartbeat (:mod:`sqlmq.maintenance.heartbeat`): who it is (host, pid, sqlmq version), its
+    subscribers and their settings (JSON), what it runs and holds, and until when the row is
+    believed (``expires_at``: the last heartbeat plus a few of the writer's own intervals, so
+    brokers with different intervals judge each other rightly). A row past it is a dead
+    process's, deleted by whichever broker heartbeats next.
+
+    ``queue_pause``: a row per paused queue. Every acquire (plain, channels, the hand-over of
+    a publish, the Spark source) takes nothing from a queue that has one; tiny, read by
+    primary key."""
+    worker = Table(
+        f"{prefix}worker",
+        md,
+        Column("id", String(36), primary_key=True),
+        Column("host", String(MAX_HOST), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("version", String(64), nullable=False),
+        Column("started_at", UTCDateTime(), nullable=False),
+        Column("heartbeat_at", UTCDateTime(), nullable=False),
+        Column("expires_at", UTCDateTime(), nullable=False),
+        Column("subscribers", _json(), nullable=False),
+        Column("running", Integer, nullable=False, server_default=text("0")),
+        Column("held", Integer, nullable=False, server_default=text("0")),
+    )
+    pause = Table(
+        f"{prefix}queue_pause",
+        md,
+        Column("queue", QueueName(), primary_key=True),
+        Column("paused_at", UTCDateTime(), nullable=False),
+    )
+    return worker, pause
 
 
 def _channel_settings() -> list[Column[Any]]:

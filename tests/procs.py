@@ -31,6 +31,7 @@ ENV_LEASE = "SQLMQ_PROCS_LEASE"  # the subscriber's lease, seconds
 ENV_GROUP = "SQLMQ_PROCS_GROUP"  # set: the queue is a topic pattern, consumed as this group
 ENV_EVERY = "SQLMQ_PROCS_EVERY"  # set: also run the schedule "beat" every this many seconds
 ENV_CATCH_UP = "SQLMQ_PROCS_CATCH_UP"  # the schedule's catch-up policy
+ENV_HEARTBEAT = "SQLMQ_PROCS_HEARTBEAT"  # the broker's heartbeat_interval, seconds
 #: The queue of the schedule "beat": no subscriber takes its messages.
 BEAT = "beat"
 
@@ -38,12 +39,15 @@ BEAT = "beat"
 def build_broker(
     url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
     group: str | None = None, every: float | None = None, catch_up: str = "latest",
+    heartbeat: float = 5.0,
 ) -> Broker:
     """A broker with one subscriber that records every id it handled in ``out``; with
     ``group``, a subscriber of the topic pattern ``queue`` in that consumer group. With
     ``every``, it also runs the schedule ``beat``, whose messages (the publishing process's
-    pid) stay in the queue :data:`BEAT`."""
-    broker = Broker(url, table_prefix=prefix, recovery_interval=0.5)
+    pid) stay in the queue :data:`BEAT`. ``heartbeat``: its row in the live workers registry
+    is written every so many seconds."""
+    broker = Broker(url, table_prefix=prefix, recovery_interval=0.5,
+                    heartbeat_interval=heartbeat)
     sink: IO[str] = open(out, "a", buffering=1)
 
     # A short idle poll so that an idle process notices new work quickly: other processes'
@@ -71,6 +75,7 @@ def _broker_from_env() -> Broker | None:
         float(os.environ.get(ENV_LEASE, "30")), os.environ.get(ENV_GROUP) or None,
         float(os.environ[ENV_EVERY]) if os.environ.get(ENV_EVERY) else None,
         os.environ.get(ENV_CATCH_UP) or "latest",
+        float(os.environ.get(ENV_HEARTBEAT) or "5"),
     )
 
 
@@ -104,12 +109,14 @@ async def _main() -> None:
 def worker_env(
     url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
     group: str | None = None, every: float | None = None, catch_up: str = "latest",
+    heartbeat: float = 5.0,
 ) -> dict[str, str]:
     return {
         **os.environ,
         ENV_URL: url, ENV_PREFIX: prefix, ENV_QUEUE: queue, ENV_OUT: str(out),
         ENV_SLEEP: str(sleep), ENV_LEASE: str(lease), ENV_GROUP: group or "",
         ENV_EVERY: "" if every is None else str(every), ENV_CATCH_UP: catch_up,
+        ENV_HEARTBEAT: str(heartbeat),
         "PYTHONPATH": str(ROOT),
     }
 
@@ -117,7 +124,7 @@ def worker_env(
 def spawn_worker(
     url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
     command: list[str] | None = None, group: str | None = None, every: float | None = None,
-    catch_up: str = "latest",
+    catch_up: str = "latest", heartbeat: float = 5.0,
 ) -> subprocess.Popen[bytes]:
     """Start a worker process; its stderr goes to ``out`` + ``.log`` for post-mortems."""
     log = open(out.with_name(out.name + ".log"), "ab")
@@ -125,7 +132,7 @@ def spawn_worker(
         return subprocess.Popen(
             command or [sys.executable, "-m", "tests.procs"],
             cwd=ROOT, env=worker_env(url, prefix, queue, out, sleep, lease, group, every,
-                                     catch_up),
+                                     catch_up, heartbeat),
             stdout=log, stderr=subprocess.STDOUT,
         )
     finally:

@@ -178,6 +178,9 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
         assert states == ["CANCELLED", "COMPLETED"]
         (row,) = await rows(broker, "archive", queue="exports", state="COMPLETED")
         assert (row["attempts_count"], row["deliveries_count"]) == (1, 4)
+    elif "billed.append" in snippet.code:  # README's operations: paused, then resumed
+        assert sorted(namespace["billed"]) == [0, 1, 2]
+        assert await broker.paused() == [] and await broker.workers() == []
     elif "ack_policy=" in snippet.code:
         (sub,) = broker.subscribers
         assert sub.queues == ("orders", "refunds")

@@ -305,3 +305,84 @@ async def test_mariadb_acquire_reads_no_delayed_or_inflight_backlog(broker: Brok
     read, taken, _ = await poll(9)
     assert json.loads(taken) == [ready] and read < 30, read
     assert [d.id for d in await engine.acquire(["q"], 10, 30.0)] == [ready]
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_acquire_of_a_paused_queue_reads_none_of_its_backlog(broker: Broker) -> None:
+    """A paused queue (schema version 11) with 100,000 ready messages: each acquire
+    statement (one queue, above floors or not, and several queues) probes the pause table
+    and reads nothing of the message table's ready index for it (the scans are never
+    executed), and takes nothing."""
+    m = broker.schema.message.name
+    async with broker.db.begin() as conn:
+        await conn.execute(text(f"""
+            INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+                             created_at, next_attempt_at)
+            SELECT 'q1', '{{}}'::jsonb, '\\x00'::bytea, 'PENDING', 0, 0, now(),
+                   now() - INTERVAL '1 minute'
+            FROM generate_series(1, 100000)
+        """))
+        await conn.execute(text(f"ANALYZE {m}"))
+    assert await broker.pause("q1")
+    names = broker.engine.names  # type: ignore[attr-defined]
+    calls = {"one queue": (postgresql.ACQUIRE, ("q1", 100, 30.0)),
+             "above floors": (postgresql.ACQUIRE_ABOVE_FLOORS,
+                              ("q1", 100, 30.0, [0], [time.time() - 600])),
+             "several queues": (postgresql.ACQUIRE_QUEUES, (["q1", "q1"], 100, 30.0))}
+    for name, (statement, args) in calls.items():
+        async with broker.db.begin() as conn:
+            result = await conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + render(statement, names), args)
+            plan = _plan(result.scalar_one())
+            await conn.rollback()
+        nodes = _nodes(plan)
+        assert plan["Actual Rows"] == 0, name
+        ready = [n for n in nodes if n.get("Index Name") == f"ix_{m}_ready"]
+        assert ready and all(n["Actual Loops"] == 0 for n in ready), (name, ready)
+        assert [n for n in nodes if n.get("Relation Name") == broker.schema.queue_pause.name
+                and n["Actual Loops"] > 0], (name, nodes)
+    assert await broker.engine.acquire(["q1"], 100, 30.0) == []
+
+
+@pytest.mark.parametrize("db_kind", ["mariadb"])
+async def test_mariadb_acquire_of_a_paused_queue_reads_none_of_its_backlog(
+        broker: Broker) -> None:
+    """MariaDB: 20,000 ready messages in a paused queue; the level probe (by the rendered
+    statements, counted in handler reads) reads a handful of entries, not the backlog, and
+    nothing is locked; a queue beside it at the same level is taken from as usual."""
+    from sqlmq.engines.mysql import TOP_LEVEL, MysqlEngine
+
+    engine = broker.engine
+    assert isinstance(engine, MysqlEngine)
+    m = broker.schema.message.name
+    async with broker.db.begin() as conn:
+        await conn.exec_driver_sql("SET SESSION max_recursive_iterations = 100000")
+        await conn.exec_driver_sql(f"""
+            INSERT INTO {m} (queue, headers, payload, state, attempts_count,
+                             deliveries_count, created_at, next_attempt_at, priority)
+            WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000)
+            SELECT 'paused', '{{}}', 'x', 'PENDING', 0, 0, UTC_TIMESTAMP(6),
+                   UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE, 0 FROM g""")
+        await conn.exec_driver_sql(f"ANALYZE TABLE {m} PERSISTENT FOR ALL")
+    assert await broker.pause("paused")
+    lock = engine._acquire_lock(1)
+
+    async with broker.db.begin() as conn:
+        before = await _handler_reads(conn)
+        for statement, args in lock.statements(["paused"], TOP_LEVEL, 100, 30.0)[:2]:
+            await conn.exec_driver_sql(statement, tuple(args))
+        read = await _handler_reads(conn) - before
+        taken, level = (await conn.exec_driver_sql("SELECT @sqlmq_take, @sqlmq_level")).one()
+        await conn.rollback()
+    assert (taken, level) == (None, None) and read < 30, read
+    assert await engine.acquire(["paused"], 100, 30.0) == []
+    (other,) = await broker.publish_batch("other", [b"beside"])
+    assert [d.id for d in await engine.acquire(["paused", "other"], 100, 30.0)] == [other]
+
+
+async def _handler_reads(conn: Any) -> int:
+    rows = await conn.exec_driver_sql(
+        "SHOW SESSION STATUS WHERE Variable_name IN ('Handler_read_first', "
+        "'Handler_read_key', 'Handler_read_last', 'Handler_read_next', "
+        "'Handler_read_prev', 'Handler_read_rnd', 'Handler_read_rnd_next')")
+    return sum(int(v) for _, v in rows.all())

@@ -128,7 +128,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 10
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 11
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -235,7 +235,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 10
+        assert await broker.migrate() == SCHEMA_VERSION == 11
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -243,4 +243,44 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
         assert await broker.migrate() == SCHEMA_VERSION  # and again: nothing to do
     finally:
         await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
+        db_url: str, prefix: str) -> None:
+    """A version-10 schema holding a message: four brokers migrate it at once; the workers
+    registry and the pause table appear (nothing else changes), the message is kept, and
+    pausing and acquiring work on the result."""
+    from datetime import UTC, datetime
+
+    brokers = [Broker(db_url, table_prefix=prefix) for _ in range(4)]
+    schema = brokers[0].schema
+    new = {schema.worker.name, schema.queue_pause.name}
+    try:
+        async with brokers[0].db.begin() as conn:
+            await conn.run_sync(lambda c: schema.metadata.create_all(
+                c, tables=[t for t in schema.metadata.sorted_tables if t.name not in new]))
+            await conn.execute(schema.version.insert(), [
+                {"version": v, "applied_at": datetime.now(UTC)} for v in range(1, 11)])
+        (kept,) = await brokers[0].publish_batch("q", [b"kept"])
+        with pytest.raises(SchemaError, match="version 10"):
+            await brokers[0].check_schema()
+
+        async def tables() -> set[str]:
+            async with brokers[0].db.connect() as conn:
+                return set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
+
+        assert not new & await tables()
+        versions = await asyncio.gather(*(b.migrate() for b in brokers))
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 11
+        assert new <= await tables()
+        await brokers[0].check_schema()
+        assert await brokers[0].pause("q")
+        assert await brokers[0].engine.acquire(["q"], 10, 30) == []
+        assert await brokers[1].resume("q")
+        assert [d.id for d in await brokers[1].engine.acquire(["q"], 10, 30)] == [kept]
+        assert await brokers[0].migrate() == SCHEMA_VERSION  # and again: nothing to do
+    finally:
+        for b in brokers:
+            await b.close()
         drop_tables(db_url, prefix)

@@ -37,6 +37,8 @@ from ..sqltime import db_now_plus
 from .contract import WakeSource
 from .core_channels import ChannelAdmin, ChannelStatements, channel_flow
 from .core_control import ControlStatements
+from .core_insights import ArchiveInsights
+from .core_operations import OperationStatements
 from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sync
 from .core_schedules import ScheduleRegistry
 from .core_topics import TopicGroups
@@ -180,7 +182,7 @@ async def discard(conn: AsyncConnection) -> None:
 
 
 class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements, TopicGroups,
-                ScheduleRegistry, KeptConnections):
+                ScheduleRegistry, ArchiveInsights, OperationStatements, KeptConnections):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 
@@ -418,7 +420,7 @@ class ArchiveAndStatsMixin:
 
     async def requeue_archived(
         self, *, queue: str | None = None, ids: Sequence[int] | None = None,
-        state: str = State.FAILED.value,
+        state: str = State.FAILED.value, limit: int | None = None,
     ) -> int:
         from sqlalchemy import delete, select
 
@@ -427,6 +429,8 @@ class ArchiveAndStatsMixin:
         async with self.db.begin() as conn:
             # Lock the archive rows first so a concurrent requeue cannot copy them twice.
             locked = select(a.c.id).where(*where)
+            if limit is not None:
+                locked = locked.order_by(a.c.id).limit(limit)
             if self.LOCK_FOR_REQUEUE:
                 locked = locked.with_for_update()
             picked = list((await conn.execute(locked)).scalars())
@@ -453,16 +457,24 @@ class ArchiveAndStatsMixin:
 
     async def purge_archived(
         self, *, queue: str | None = None, state: str | None = None,
-        before: datetime | None = None,
+        before: datetime | None = None, limit: int | None = None,
     ) -> int:
-        from sqlalchemy import delete
+        from sqlalchemy import delete, select
 
         a = self.schema.archive
+        where = self._archive_filter(queue, None, state, before)
         async with self.db.begin() as conn:
-            result = await conn.execute(
-                delete(a).where(*self._archive_filter(queue, None, state, before))
-            )
-            return result.rowcount
+            if limit is None:
+                return (await conn.execute(delete(a).where(*where))).rowcount
+            # MySQL takes no LIMIT in an IN subquery of the table it deletes from: pick the
+            # batch first, in the same transaction.
+            picked = select(a.c.id).where(*where).order_by(a.c.id).limit(limit)
+            if self.LOCK_FOR_REQUEUE:
+                picked = picked.with_for_update()
+            ids = list((await conn.execute(picked)).scalars())
+            if not ids:
+                return 0
+            return (await conn.execute(delete(a).where(a.c.id.in_(ids)))).rowcount
 
     async def stats(self) -> list[QueueStats]:
         from sqlalchemy import func, select

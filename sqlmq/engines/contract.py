@@ -27,6 +27,7 @@ from ..records import Cancellation, Delivery, NewMessage, NewMessages, QueueStat
 from ..schedules import Schedule, ScheduleInfo
 from ..schema import Schema
 from ..topics import TopicGroup
+from .contract_operations import OperationsContract
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -42,7 +43,7 @@ class WakeSource(Protocol):
 
 
 @runtime_checkable
-class Engine(Protocol):
+class Engine(OperationsContract, Protocol):
     """What the broker, the runtime and the edges need from a database."""
 
     schema: Schema
@@ -68,9 +69,11 @@ class Engine(Protocol):
         """The same, for code without an event loop."""
         ...
 
-    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
+    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery | None:
         """Insert ``message`` already acquired (its first delivery, leased for ``lease``
-        seconds): the row an acquire would have left. Only where ``hands_over``."""
+        seconds): the row an acquire would have left. Only where ``hands_over``. None, and
+        nothing written, if its queue is paused: the hand-over is an acquire, and must not
+        take what an acquire would not (the caller publishes it the ordinary way)."""
         ...
 
     # ---- topics (see :mod:`sqlmq.topics`) ----------------------------------------------------
@@ -201,16 +204,20 @@ class Engine(Protocol):
 
     async def requeue_archived(
         self, *, queue: str | None = None, ids: Sequence[int] | None = None,
-        state: str = State.FAILED,
+        state: str = State.FAILED, limit: int | None = None,
     ) -> int:
-        """Move archived messages back to the table as fresh PENDING messages."""
+        """Move archived messages back to the table as fresh PENDING messages (id, payload,
+        headers, priority and history kept), at most ``limit`` (lowest ids first) in one
+        transaction; returns how many. A caller moving 100k rows loops on a limit, so that
+        an interrupt leaves whole batches done and none half done."""
         ...
 
     async def purge_archived(
         self, *, queue: str | None = None, state: str | None = None,
-        before: datetime | None = None,
+        before: datetime | None = None, limit: int | None = None,
     ) -> int:
-        """Delete archived messages; returns how many."""
+        """Delete archived messages, at most ``limit`` (lowest ids first) in one
+        transaction; returns how many."""
         ...
 
     async def stats(self) -> list[QueueStats]:

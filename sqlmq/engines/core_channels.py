@@ -59,6 +59,7 @@ from ..lifecycle import State
 from ..records import Delivery, NewMessages
 from ..schema import Schema
 from ..sqltime import db_now_plus
+from .core_operations import not_paused
 from .core_publish import Flow, publish_flow
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
 from .sql_lists import listed, placed
@@ -221,7 +222,7 @@ class ChannelStatements:
                 order_by=(m.c.priority.desc(), m.c.channel_due_at, m.c.id)).label("rn"),
         ).where(m.c.channel.in_(bindparam("names", expanding=True)),
                 m.c.state.in_(_WAITING), m.c.queue.in_(bindparam("queues", expanding=True)),
-                m.c.channel_due_at <= _NOW).subquery()
+                not_paused(self.schema, m.c.queue), m.c.channel_due_at <= _NOW).subquery()
         return select(numbered).where(numbered.c.rn <= bindparam("most"))
 
     async def _pick(self, conn: AsyncConnection, queues: Sequence[str],
@@ -230,7 +231,9 @@ class ChannelStatements:
         """The ids to take (with their channel and due time): each ordered channel's head
         if it is due and in ``queues``, then each unordered channel's due messages in
         acquire order (priority, due time, id), round by round in serving order (the
-        first of every channel, then the second, ...), so the workers take turns too."""
+        first of every channel, then the second, ...), so the workers take turns too.
+        Messages of paused queues are left out here, in the transaction that takes them,
+        so that a pause is exact across processes."""
         m = self.schema.message
         ordered = [name for name, (_, s, _) in plan.items() if s.ordered]
         picks: dict[int, tuple[str, datetime]] = {}
@@ -239,7 +242,7 @@ class ChannelStatements:
                 m.c.channel).scalar_subquery()
             for row in await conn.execute(
                     select(m.c.id, m.c.channel, m.c.state, m.c.queue, m.c.channel_due_at)
-                    .where(m.c.id.in_(heads))):
+                    .where(m.c.id.in_(heads), not_paused(self.schema, m.c.queue))):
                 if (row.state in _WAITING and row.queue in queues
                         and row.channel_due_at is not None and row.channel_due_at <= now):
                     picks[row.id] = (row.channel, row.channel_due_at)
@@ -410,7 +413,8 @@ def _candidates(schema: Schema, queues: Sequence[str], limit: int) -> Any:
                                           m.c.state == State.PROCESSING.value)
                .scalar_subquery())
     due = exists().where(m.c.channel == c.c.name, m.c.state.in_(_WAITING),
-                         m.c.queue.in_(list(queues)), m.c.channel_due_at <= _NOW)
+                         m.c.queue.in_(list(queues)), not_paused(schema, m.c.queue),
+                         m.c.channel_due_at <= _NOW)
     own = c.c.configured == 1
     max_concurrency = case((own, c.c.max_concurrency), else_=d.c.max_concurrency)
     ordered = func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0)

@@ -40,6 +40,7 @@ from ..records import (
     Published,
     QueueStats,
     Settlement,
+    WorkerInfo,
     append_history,
     expiry_from,
     history_entry,
@@ -48,6 +49,8 @@ from ..schedules import ScheduleInfo
 from ..schema import SCHEMA_VERSION, Schema
 from ..topics import TopicGroup, group_queue, queues_for
 from .memory_channels import MemoryChannels
+from .memory_insights import MemoryInsights
+from .memory_operations import MemoryOperations
 from .memory_schedules import MemorySchedules
 from .settle_onward import outputs_of
 
@@ -121,6 +124,11 @@ def ready_key(row: Row) -> tuple[Any, ...]:
     return (-row.priority, row.next_attempt_at, row.id)
 
 
+def _first(found: list[Archived], limit: int | None) -> list[Archived]:
+    """The batch a limited requeue or purge takes: the lowest ids, as the SQL engines'."""
+    return found if limit is None else sorted(found, key=lambda a: a.id)[:limit]
+
+
 def _copy(history: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """A history as a database would hand it out: a fresh object on every read, so a caller
     changing what it got does not change the row (a SQL row goes through JSON text)."""
@@ -147,6 +155,10 @@ class MemoryStore:
     channels: MemoryChannels = field(default_factory=MemoryChannels)
     #: Which goes first in the next acquire, the channels or the plain messages.
     channels_first: bool = False
+    #: Paused queues, and when each was paused (schema version 11).
+    paused: dict[str, datetime] = field(default_factory=dict)
+    #: The live workers registry, by worker id.
+    workers: dict[str, WorkerInfo] = field(default_factory=dict)
 
     def new_rows(self, messages: NewMessages, now: datetime) -> tuple[list[Row], list[int]]:
         """Rows for ``messages`` with their ids taken (in order), not yet visible, and the
@@ -207,7 +219,8 @@ class MemoryStore:
     def acquire(self, queues: Sequence[str], limit: int, lease: float,
                 now: datetime) -> list[Delivery]:
         """The plain messages and the channels' (:mod:`.memory_channels`), each first
-        every other time, as the SQL engines' acquire."""
+        every other time, as the SQL engines' acquire; nothing of a paused queue."""
+        queues = [q for q in queues if q not in self.paused]
         if not self.channels.channels:
             return self._acquire_plain(queues, limit, lease, now)
         self.channels_first = not self.channels_first
@@ -436,7 +449,7 @@ def _shows(s: Settlement, row: Row | Archived | None) -> bool:
     return row.deliveries_count == s.deliveries and not recovered
 
 
-class MemoryEngine(MemorySchedules):
+class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):
     """The engine contract in this process's memory, thread-safe (``publish_sync`` may run
     on another thread than the subscribers' loop)."""
 
@@ -527,8 +540,10 @@ class MemoryEngine(MemorySchedules):
         with self._lock:
             self._store.free_keys(rows)
 
-    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
+    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery | None:
         with self._lock:
+            if message.queue in self._store.paused:
+                return None  # an acquire would not take it
             now = self._now()
             (row,), _ = self._store.new_rows(NewMessages.of([message]), now)
             row.state, row.deliveries_count, row.next_attempt_at = State.PROCESSING, 1, None
@@ -643,17 +658,18 @@ class MemoryEngine(MemorySchedules):
 
     async def requeue_archived(self, *, queue: str | None = None,
                                ids: Sequence[int] | None = None,
-                               state: str = State.FAILED) -> int:
+                               state: str = State.FAILED, limit: int | None = None) -> int:
         with self._lock:
-            moved = self._store.requeue(self._store.archived(queue, ids, state, None),
-                                        self._now())
+            found = self._store.archived(queue, ids, state, None)
+            moved = self._store.requeue(_first(found, limit), self._now())
             self._writes += bool(moved)
             return moved
 
     async def purge_archived(self, *, queue: str | None = None, state: str | None = None,
-                             before: datetime | None = None) -> int:
+                             before: datetime | None = None, limit: int | None = None) -> int:
         with self._lock:
-            return self._store.purge(self._store.archived(queue, None, state, before))
+            return self._store.purge(_first(self._store.archived(queue, None, state, before),
+                                            limit))
 
     async def stats(self) -> list[QueueStats]:
         with self._lock:

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from ..errors import SchemaError
 from ..records import Delivery, NewMessage, NewMessages, Settlement, expiry_from
@@ -122,6 +122,12 @@ def take_limit(group_concat_max_len: int | None) -> int:
     return max(1, limit // _ID_BYTES)
 
 
+def _returning(db: AsyncEngine | None) -> bool:
+    """Whether the server has INSERT … RETURNING: MariaDB, not MySQL 8 (known once a
+    connection has been made; until then, batches take the general path)."""
+    return db is not None and bool(getattr(db.dialect, "is_mariadb", False))
+
+
 class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
     """The contract on MySQL 8 and MariaDB."""
 
@@ -176,7 +182,7 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
         MySQL 8's batches) through SQLAlchemy Core (see :mod:`.core_publish`)."""
         if executor is not None or messages.core_only:
             return await self._publish_core(messages, executor)
-        if len(messages) > 1 and self._returning():
+        if len(messages) > 1 and _returning(self._db):
             return await self._publish_many(messages)
         if len(messages) == 1 and messages.at is None:
             message = messages[0]
@@ -220,11 +226,6 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
     def _deadlock(self, exc: DBAPIError) -> bool:
         return bool(getattr(exc.orig, "args", None)) and exc.orig.args[0] == _ER_LOCK_DEADLOCK
 
-    def _returning(self) -> bool:
-        """Whether the server has INSERT … RETURNING: MariaDB, not MySQL 8 (known once a
-        connection has been made; until then, batches take the general path)."""
-        return self._db is not None and bool(getattr(self._db.dialect, "is_mariadb", False))
-
     def _insert_many(self, rows: int) -> str:
         """INSERT_MANY for this many rows (the full chunk's statement is kept)."""
         if rows == _MANY_ROWS and self._insert_many_full is not None:
@@ -235,16 +236,18 @@ class MysqlEngine(ArchiveAndStatsMixin, SqlEngine):
             self._insert_many_full = statement
         return statement
 
-    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
-        """Publish one message already acquired, for a subscriber of this process."""
+    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery | None:
+        """One message published already acquired, for a local subscriber (None: paused)."""
         us = round(lease * 1_000_000)
         ((row,),) = await self._packet([
             (sql.INSERT_LEASED_CLOCK, ()),
             (self._insert_leased_sql,
              [message.queue, json.dumps(message.headers), message.payload, us,
-              message.priority, *_expiry(message)]),
+              message.priority, *_expiry(message), message.queue]),
             (sql.INSERT_LEASED_READ, ()),
         ], keep=[2])
+        if row[0] is None:
+            return None
         now = _utc(row[1])
         return leased_delivery(message, int(row[0]), now, now + timedelta(microseconds=us),
                                expiry_from(message, now))

@@ -302,6 +302,11 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         delivered at the commit, once the rows are visible."""
         return select(func.pg_notify(self.channel, messages.queue))
 
+    def _queue_wake_statement(self, queue: str) -> Executable | None:
+        """A resume notifies as a publish does: listeners in every process look at the
+        queue at once, when the resume commits."""
+        return select(func.pg_notify(self.channel, queue))
+
     def wake_source(self, on_queue: Callable[[str], None],
                     on_all: Callable[[], None]) -> WakeSource | None:
         """The LISTEN connection on this prefix's channel, which every publish notifies."""

@@ -141,13 +141,16 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         await self._checkin(conn)
         return rows
 
-    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery:
-        """Publish one message already acquired, for a subscriber of this process."""
+    async def publish_leased(self, message: NewMessage, lease: float) -> Delivery | None:
+        """Publish one message already acquired, for a subscriber of this process; None
+        (nothing written) if its queue is paused."""
         params = {"queue": message.queue, "headers": json.dumps(message.headers),
                   "payload": message.payload, "lease": lease, "priority": message.priority,
                   **_expiry(message)}
-        ((msg_id, created_at, lease_expires_at, expires_at),) = await self._alone(
-            self._insert_leased_sql, params)
+        found = await self._alone(self._insert_leased_sql, params)
+        if not found:
+            return None
+        ((msg_id, created_at, lease_expires_at, expires_at),) = found
         return leased_delivery(message, int(msg_id), _stored_time(created_at),
                                _stored_time(lease_expires_at),
                                None if expires_at is None else _stored_time(expires_at))

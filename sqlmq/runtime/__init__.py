@@ -22,7 +22,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from ..dead_letters import LOG_ONLY, DeadLetters
 from ..lifecycle import TRACEBACK_LIMIT, Ending, decide
+from ..middleware import NO_HOOKS, Hooks
 from ..records import Delivery
 from ..subscriber import Subscriber
 from .counters import RuntimeCounters
@@ -43,7 +45,8 @@ log = logging.getLogger("sqlmq")
 class SubscriberRuntime:
     """One subscriber at work: its services, wired together, started and stopped in order."""
 
-    def __init__(self, engine: Engine, subscriber: Subscriber, wakeup: asyncio.Event) -> None:
+    def __init__(self, engine: Engine, subscriber: Subscriber, wakeup: asyncio.Event,
+                 hooks: Hooks = NO_HOOKS, dead_letters: DeadLetters = LOG_ONLY) -> None:
         self.engine = engine
         self.subscriber = subscriber
         self.cfg = cfg = subscriber.config
@@ -56,15 +59,16 @@ class SubscriberRuntime:
         gate, room = asyncio.Event(), asyncio.Event()
         gate.set()
         self.flusher = Flusher(engine, cfg, self.counters, self.holdings, room.set,
-                               ready=wakeup.set)
+                               ready=wakeup.set, hooks=hooks, dead_letters=dead_letters)
         self.fetcher = Fetcher(engine, cfg, self.counters, self.holdings, self.flusher.results,
-                               gate, room, wakeup)
+                               gate, room, wakeup, hooks=hooks)
         self.leases = LeaseKeeper(engine, cfg, self.counters, self.holdings,
-                                  self.flusher.results)
+                                  self.flusher.results, hooks=hooks)
         self.quarantine = Quarantine(cfg, self.fetcher.buffer, self.flusher, gate, room.set,
                                      self.fetcher.parked)
         self.workers = Workers(cfg, self.adapter, self.name, self.fetcher.buffer, room.set,
-                               self.holdings, self.leases, self.flusher, self.quarantine)
+                               self.holdings, self.leases, self.flusher, self.quarantine,
+                               hooks=hooks)
 
     @property
     def name(self) -> str:

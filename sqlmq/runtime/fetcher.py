@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..backoff import Backoff
 from ..lifecycle import Settlement
+from ..middleware import NO_HOOKS, Hooks
 from ..records import Delivery
 from ..tasks import cancel_and_wait, loop_task
 from .buffer import WorkBuffer
@@ -76,8 +77,9 @@ class Fetcher:
 
     def __init__(self, engine: Engine, cfg: SubscriberConfig, counters: RuntimeCounters,
                  holdings: Holdings, results: list[Settlement], gate: asyncio.Event,
-                 room: asyncio.Event, wakeup: asyncio.Event) -> None:
+                 room: asyncio.Event, wakeup: asyncio.Event, hooks: Hooks = NO_HOOKS) -> None:
         self.engine = engine
+        self._hooks = hooks  # middleware observing acquires (fetched)
         self.cfg = cfg
         self.counters = counters
         self.held = holdings.held
@@ -167,6 +169,8 @@ class Fetcher:
         try:
             batch = await self.engine.acquire(self.cfg.queues, limit, self.cfg.lease)
             self.sizing.observe(len(batch), limit, self.buffer.qsize())
+            if self._hooks.fetch:
+                self._hooks.on_fetched(self.cfg.queues, len(batch), limit)
             for d in batch:
                 self._keep(d)
             return batch

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..backoff import Backoff, describe
+from ..dead_letters import DEAD_OUTCOMES, LOG_ONLY, DeadLetters
 from ..lifecycle import Outcome, Settlement
+from ..middleware import NO_HOOKS, Hooks, Settled
 from ..tasks import cancel_and_wait, loop_task
 from .counters import RuntimeCounters
 from .leases import Holdings, Key
@@ -36,8 +39,11 @@ class Flusher:
 
     def __init__(self, engine: Engine, cfg: SubscriberConfig, counters: RuntimeCounters,
                  holdings: Holdings, room: Callable[[], None],
-                 ready: Callable[[], None] = lambda: None) -> None:
+                 ready: Callable[[], None] = lambda: None, hooks: Hooks = NO_HOOKS,
+                 dead_letters: DeadLetters = LOG_ONLY) -> None:
         self.engine = engine
+        self._dead_letters = dead_letters
+        self._hooks = hooks  # middleware observing flushes and results (flushed, settled)
         self.cfg = cfg
         self.counters = counters
         self.holdings = holdings
@@ -147,6 +153,8 @@ class Flusher:
         newer delivery had taken them; counted stale, the messages would be archived but
         never counted completed. So every result of a failed batch is in doubt until a
         settle succeeds, and the ones it leaves out are then looked up (``landed``)."""
+        observed = self._hooks.flush
+        started = time.perf_counter() if observed else 0.0
         try:
             applied = await self.engine.settle(batch)
             doubtful = [s for s in batch
@@ -156,6 +164,9 @@ class Flusher:
         except BaseException:
             self._in_doubt.update((s.id, s.deliveries) for s in batch)
             raise
+        if observed:
+            self._hooks.on_flushed(self.cfg.queues, len(batch), self.cfg.flush_batch,
+                                   time.perf_counter() - started)
         return applied
 
     def _applied(self, batch: list[Settlement], applied: set[int]) -> None:
@@ -170,8 +181,11 @@ class Flusher:
         held, lost, in_doubt = self.holdings.held, self.holdings.lost, self._in_doubt
         if any(s.id in applied and (_ready_again(s) or _held_a_slot(held, s)) for s in batch):
             self._ready()
+        observed = self._hooks.settle
         for s in batch:
-            held.pop((s.id, s.deliveries), None)
+            d = held.pop((s.id, s.deliveries), None)
+            if observed:
+                self._hooks.on_settled(Settled(s, d, stale=s.id not in applied))
             lost.discard((s.id, s.deliveries))
             in_doubt.discard((s.id, s.deliveries))
             if s.id not in applied:
@@ -190,6 +204,8 @@ class Flusher:
                 c.cancelled += 1
             else:
                 c.released += 1
+            if s.outcome in DEAD_OUTCOMES and s.id in applied:
+                self._dead_letters.settled(s, d)  # logged, and the broker's hooks told
         self._flushed.set()
         self._room()
 

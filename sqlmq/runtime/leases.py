@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..backoff import Backoff, describe
 from ..lifecycle import Settlement
+from ..middleware import NO_HOOKS, Hooks
 from ..records import Delivery
 from ..tasks import cancel_and_wait, loop_task
 from .counters import RuntimeCounters
@@ -50,8 +51,10 @@ class LeaseKeeper:
     and it extends one when a handler asks (:class:`sqlmq.message.LeaseHandle`)."""
 
     def __init__(self, engine: Engine, cfg: SubscriberConfig, counters: RuntimeCounters,
-                 holdings: Holdings, settling: list[Settlement]) -> None:
+                 holdings: Holdings, settling: list[Settlement],
+                 hooks: Hooks = NO_HOOKS) -> None:
         self.engine = engine
+        self._hooks = hooks  # middleware observing extensions (leases_extended)
         self.cfg = cfg
         self.counters = counters
         self.holdings = holdings
@@ -89,12 +92,16 @@ class LeaseKeeper:
             # A delivery whose result is already being flushed may have been archived in the
             # meantime: missing from ``kept`` then means settled, not lost.
             finished = {(s.id, s.deliveries) for s in self._settling}
+            lost_now = 0
             for key in chunk:
                 if key[0] not in kept and key in held and key not in finished:
                     lost.add(key)
+                    lost_now += 1
                     self.counters.lost_leases += 1
                     log.warning("lease of message %d (delivery %d) was lost before it could be "
                                 "renewed", key[0], key[1])
+            if self._hooks.lease:
+                self._hooks.on_leases(self.cfg.queues, len(kept), lost_now)
             flagged = await self.engine.cancel_requests([i for i, _ in chunk])
             if flagged:
                 self.holdings.flag_cancel(flagged)
@@ -106,4 +113,6 @@ class LeaseKeeper:
         except Exception as exc:
             log.warning("extending the lease of message %d failed: %s", d.id, describe(exc))
             raise
+        if self._hooks.lease:
+            self._hooks.on_leases(self.cfg.queues, len(kept), 1 - len(kept))
         return d.id in kept

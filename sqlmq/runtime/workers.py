@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import traceback
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from ..lifecycle import (
     unrunnable,
 )
 from ..message import LeaseHandle, Message
+from ..middleware import NO_HOOKS, Hooks, MiddlewareError, capture_context
 from ..pipeline import onward
 from ..records import Delivery
 from .buffer import WorkBuffer
@@ -46,9 +48,20 @@ class Workers:
     def __init__(self, cfg: SubscriberConfig, adapter: HandlerAdapter, name: str,
                  buffer: WorkBuffer[Delivery | None], room: Callable[[], None],
                  holdings: Holdings, leases: LeaseHandle, flusher: Flusher,
-                 quarantine: Quarantine) -> None:
+                 quarantine: Quarantine, hooks: Hooks = NO_HOOKS) -> None:
         self.cfg = cfg
         self.adapter = adapter
+        self._hooks = hooks
+        #: The handler inside the middleware's ``handle`` hooks (the adapter itself when
+        #: there are none: the hot path is unchanged).
+        self._call = hooks.wrap(adapter) if hooks.handle else adapter
+        #: A pipeline step whose output goes through ``publish`` hooks publishes it in the
+        #: context its handler ran in (inside the middleware's, e.g. its span), kept here
+        #: by message until its result is made.
+        self._contexts: dict[int, contextvars.Context] | None = None
+        if hooks.publish and hooks.handle and cfg.publish_to is not None:
+            self._contexts = {}
+            self._call = hooks.wrap(capture_context(adapter, self._contexts))
         self.name = name
         self.buffer = buffer
         self._room = room  # a delivery left the buffer: the fetcher may fetch again
@@ -178,7 +191,7 @@ class Workers:
         error: BaseException | None = None
         result = None
         try:
-            result = await self.adapter(msg)
+            result = await self._call(msg)
         except DecodeError as exc:
             if msg.decision is None:
                 log.error("message %d of queue %s dead-lettered (archived FAILED) before its "
@@ -194,6 +207,8 @@ class Workers:
             if task is not None and task.cancelling():
                 raise
             error = exc
+        finally:
+            context = None if self._contexts is None else self._contexts.pop(id(msg), None)
         decision = msg.decision
         settlement = decide(d, cfg, error, decision)
         saved = settlement.saved_state
@@ -206,7 +221,11 @@ class Workers:
             try:
                 settlement.outputs = onward(result, cfg.publish_to, cfg.max_payload_bytes,
                                             self.adapter.name)
-            except PipelineError as exc:  # the step failed: its retry strategy decides
+                if settlement.outputs is not None and self._hooks.publish:
+                    self._hooks.publish_output(settlement.outputs, msg, context)
+            except (PipelineError, MiddlewareError) as exc:
+                # the step failed (its output, or a publish hook on it): its retry strategy
+                # decides
                 error, decision = exc, None
                 settlement = decide(d, cfg, error)
         if error is not None:

@@ -31,17 +31,20 @@ LAST_ID = "SELECT LAST_INSERT_ID()"
 # Publish one message already acquired, for an idle subscriber of this process: the row an
 # acquire would leave, at one clock reading (INSERT_LEASED_CLOCK, then INSERT_LEASED with
 # %s queue, headers, payload, lease in microseconds, priority and the expiry as in
-# INSERT_ONE, then INSERT_LEASED_READ: id and clock).
+# INSERT_ONE, and the queue again, then INSERT_LEASED_READ: id and clock). Nothing is
+# inserted if the queue is paused (schema version 11): the id read is then NULL.
 INSERT_LEASED_CLOCK = "SET @sqlmq_now = UTC_TIMESTAMP(6)"
 INSERT_LEASED = """
 INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
                  created_at, first_attempt_at, acquired_at, next_attempt_at, lease_expires_at,
                  priority, expires_at)
-VALUES (%s, %s, %s, 'PROCESSING', 0, 1, @sqlmq_now, @sqlmq_now, @sqlmq_now, NULL,
-        @sqlmq_now + INTERVAL %s MICROSECOND, %s,
-        COALESCE(%s, @sqlmq_now + INTERVAL %s MICROSECOND))
+SELECT %s, %s, %s, 'PROCESSING', 0, 1, @sqlmq_now, @sqlmq_now, @sqlmq_now, NULL,
+       @sqlmq_now + INTERVAL %s MICROSECOND, %s,
+       COALESCE(%s, @sqlmq_now + INTERVAL %s MICROSECOND)
+FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {pause} WHERE queue = %s)
 """
-INSERT_LEASED_READ = "SELECT LAST_INSERT_ID(), CAST(@sqlmq_now AS DATETIME(6))"
+INSERT_LEASED_READ = ("SELECT IF(ROW_COUNT() > 0, LAST_INSERT_ID(), NULL), "
+                      "CAST(@sqlmq_now AS DATETIME(6))")
 
 # Publish a batch on sqlmq's own connection, MariaDB (RETURNING): the values the rows share
 # once, in session variables (INSERT_MANY_SHARED: %s queue, priority, the expiry as in
@@ -77,12 +80,17 @@ ROWS_SEPARATOR = ",\n"
 #    (the index read backwards from the bound, so it lands on the level's last entry, a
 #    delayed or recent one, not on the in-flight ones and the settled ones not yet purged
 #    that lead it: 3-4 ms per acquire when read forwards), joined by UNION_ALL. Parameters:
-#    each queue and, in the first, its bound.
+#    each queue and, in the first, its bound. A paused queue (a row in {pause}, schema
+#    version 11) gives no row: the pause is read once per queue, by primary key, and the
+#    queue's index is not read (the one-row table ``g`` is a constant to the optimizer, so
+#    the probe stays a range read, as with the queue written in).
 ACQUIRE_LEVEL = "SET {level} = (SELECT MAX(p) FROM ({of_queues}) AS l)"
 ACQUIRE_LEVEL_OF_QUEUE = """
 SELECT (SELECT priority FROM {m} FORCE INDEX (ix_{m}_ready_asc)
-        WHERE queue = %s AND priority < {below}
-        ORDER BY priority DESC LIMIT 1) AS p"""
+        WHERE queue = g.name AND priority < g.below
+        ORDER BY priority DESC LIMIT 1) AS p
+FROM (SELECT %s AS name, {below} AS below) AS g
+WHERE g.name NOT IN (SELECT queue FROM {pause})"""
 UNION_ALL = "\nUNION ALL"
 
 # 2. Lock up to %s ready rows of the queues at that level (@sqlmq_level, a constant to the
@@ -91,11 +99,14 @@ UNION_ALL = "\nUNION ALL"
 #    variables. Parameters: the queues, then the limit. An empty poll of 100,000 delayed
 #    messages, or ready messages behind 100,000 delayed ones of a higher priority, read a
 #    few entries. (Several queues: their ready rows at the level are sorted into one order.)
+#    Paused queues: their rows are left out (the pause table is read once, materialised);
+#    a paused queue has no level of its own, so it is read only when it shares the level of
+#    a queue that is not paused, whose rows this statement reads and sorts anyway.
 ACQUIRE_LOCK = """
 SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
     SELECT id FROM {m} FORCE INDEX (ix_{m}_ready_asc)
     WHERE queue IN ({queues}) AND priority = @sqlmq_level
-      AND next_attempt_at <= UTC_TIMESTAMP(6)
+      AND next_attempt_at <= UTC_TIMESTAMP(6) AND queue NOT IN (SELECT queue FROM {pause})
     ORDER BY next_attempt_at, id
     LIMIT %s
     FOR UPDATE SKIP LOCKED

@@ -92,6 +92,12 @@ RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
     date_part('epoch', m.expires_at), m.saved_state, m.defers_count, m.cancel_requested
 """
 
+# Queue $1 is not paused (schema version 11: a row in {pause}). Not a condition on each row:
+# the planner makes it a one-time filter above the scans (one probe of the pause table's
+# primary key), so a paused queue's backlog is not read at all, and a queue that is not
+# paused pays one index probe per acquire.
+_NOT_PAUSED = "NOT EXISTS (SELECT 1 FROM {pause} WHERE queue = $1)"
+
 # Acquire up to $2 ready messages of queue $1, highest priority first, then in ready order,
 # leased for $3 seconds, returned with their ready time (times as epoch seconds, JSON as
 # text: decoded once per distinct value).
@@ -122,6 +128,7 @@ WITH RECURSIVE levels(p) AS (
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ) AS r
+    WHERE """ + _NOT_PAUSED + """
     LIMIT $2
 )
 """ + _TAKE
@@ -166,6 +173,7 @@ WITH RECURSIVE known(p, f) AS MATERIALIZED (
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ) AS r
+    WHERE """ + _NOT_PAUSED + """
     LIMIT $2
 )
 """ + _TAKE
@@ -183,7 +191,9 @@ SELECT k.p, date_part('epoch', (
 FROM unnest(CAST($2 AS INTEGER[]), CAST($3 AS DOUBLE PRECISION[])) AS k(p, f)
 """
 
-# The same for several queues: $1 is a text array of queue names. Each queue is read as
+# The same for several queues: $1 is a text array of queue names, those paused left out
+# before any is read (OFFSET 0 keeps that a primary-key probe per queue, not a join to the
+# pause table the planner would hash). Each queue is read as
 # ACQUIRE reads one (LATERAL: its priority levels, then each level's ready range), up to $2
 # rows each; only those, at most $2 per queue, are sorted into one order. A single scan of
 # queue = ANY($1) cannot give that order: it sorted every ready row of the queues on each
@@ -192,7 +202,8 @@ FROM unnest(CAST($2 AS INTEGER[]), CAST($3 AS DOUBLE PRECISION[])) AS k(p, f)
 ACQUIRE_QUEUES = """
 WITH ready AS (
     SELECT r.id, r.next_attempt_at
-    FROM (SELECT DISTINCT name FROM unnest(CAST($1 AS TEXT[])) AS u(name)) AS q
+    FROM (SELECT DISTINCT name FROM unnest(CAST($1 AS TEXT[])) AS u(name)
+          WHERE NOT EXISTS (SELECT 1 FROM {pause} AS p WHERE p.queue = u.name OFFSET 0)) AS q
     CROSS JOIN LATERAL (
         WITH RECURSIVE levels(p) AS (
             (SELECT priority FROM {m} WHERE queue = q.name AND next_attempt_at IS NOT NULL

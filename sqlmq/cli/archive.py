@@ -1,0 +1,226 @@
+"""``sqlmq dlq`` (dead letters: list, show, requeue, purge, watch) and ``sqlmq purge``
+(archive retention). Long operations move rows in batches of one transaction each, with a
+progress bar, and an interrupt leaves whole batches done (see :func:`.common.in_batches`)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import datetime, timedelta
+
+import click
+
+from ..broker import Broker
+from ..errors import SqlmqError
+from ..lifecycle import State
+from ..records import QueueStats
+from ..views import ARCHIVED_STATES, DEAD_STATES, ArchiveQuery, MessageView
+from .common import (
+    Duration,
+    PositiveInt,
+    UsageError,
+    database,
+    in_batches,
+    json_option,
+    one_line,
+    print_json,
+)
+from .messages import print_message
+
+#: ``--state`` of the dlq commands: which dead letters.
+_DEAD = {"failed": (State.FAILED.value,), "cancelled": (State.CANCELLED.value,),
+         "all": DEAD_STATES}
+
+
+def _state_option(fn):  # type: ignore[no-untyped-def]
+    return click.option("--state", type=click.Choice(sorted(_DEAD)), default="failed",
+                        show_default=True, help="FAILED, CANCELLED or both")(fn)
+
+
+@click.group("dlq")
+def dlq() -> None:
+    """Dead letters: messages archived FAILED (or CANCELLED, with --state)."""
+
+
+@dlq.command("list")
+@click.option("--queue")
+@click.option("--error", "error_contains", metavar="TEXT", help="errors containing TEXT")
+@click.option("--limit", type=PositiveInt(), default=50, show_default=True)
+@_state_option
+@json_option
+@database
+async def dlq_list(broker: Broker, queue: str | None, error_contains: str | None, limit: int,
+                   state: str, as_json: bool) -> int:
+    """The newest dead letters, one per line (errors escaped onto it; --json in full)."""
+    await broker.check_schema()
+    page = await broker.insights().archive(ArchiveQuery(
+        queue=queue, states=_DEAD[state], error_contains=error_contains, limit=limit))
+    if as_json:
+        print_json([{"id": v.id, "queue": v.queue, "state": v.state,
+                     "deliveries": v.deliveries, "attempts": v.attempts,
+                     "archived_at": v.archived_at and v.archived_at.isoformat(),
+                     "error": v.error} for v in page.items])
+        return 0
+    for v in page.items:
+        print(_line(v))
+    print(f"{len(page.items)} dead letter(s) shown", file=sys.stderr)
+    return 0
+
+
+def _line(v: MessageView) -> str:
+    assert v.archived_at is not None
+    return (f"{v.id}\t{v.queue}\tdeliveries={v.deliveries}\tattempts={v.attempts}\t"
+            f"{v.archived_at.isoformat(timespec='seconds')}\t{one_line(v.error or '')[:120]}")
+
+
+@dlq.command("show")
+@click.argument("msg_id", metavar="ID", type=int)
+@json_option
+@database
+async def dlq_show(broker: Broker, msg_id: int, as_json: bool) -> int:
+    """One dead letter: payload, headers, error and delivery history."""
+    await broker.check_schema()
+    view = await broker.insights().message(msg_id)
+    if view is None:
+        raise SqlmqError(f"no dead letter with id {msg_id}")
+    if view.state not in DEAD_STATES:
+        raise SqlmqError(f"message {msg_id} is {view.state}, not a dead letter (see sqlmq "
+                         f"show {msg_id})")
+    print_message(view, as_json)
+    return 0
+
+
+@dlq.command("requeue")
+@click.option("--queue")
+@click.option("--id", "ids", type=int, multiple=True, help="this dead letter (repeatable)")
+@_state_option
+@database
+async def dlq_requeue(broker: Broker, queue: str | None, ids: tuple[int, ...],
+                      state: str) -> int:
+    """Back to their queue as fresh messages (id, payload, headers and history kept), in
+    batches."""
+    if not queue and not ids:
+        raise UsageError("dlq requeue needs --queue or --id (refusing to requeue everything)")
+    await broker.check_schema()
+    states = _DEAD[state]
+    if ids:
+        found = {v.id for v in [await broker.insights().message(i) for i in ids]
+                 if v is not None and v.state in states and (not queue or v.queue == queue)}
+        missing = sorted(set(ids) - found)
+        if missing:
+            where = f" in queue {queue!r}" if queue else ""
+            raise SqlmqError(f"no dead letter with id {', '.join(map(str, missing))}{where}; "
+                             "nothing requeued (see sqlmq dlq list)")
+    total, stats = 0, await broker.stats()
+    for s in states:
+        total += await in_batches(
+            "requeued", _count(stats, queue, s),
+            lambda n, s=s: broker.engine.requeue_archived(
+                queue=queue, ids=list(ids) or None, state=s, limit=n))
+    print(f"requeued {total} message(s)")
+    return 0
+
+
+@dlq.command("purge")
+@click.option("--queue")
+@click.option("--older-than", type=Duration("d"), default=None, metavar="DURATION",
+              help="archived longer ago than this (7d, 12h; a bare number is days)")
+@click.option("--all", "everything", is_flag=True, help="every dead letter of every queue")
+@click.option("--yes", is_flag=True, help="confirm --all")
+@_state_option
+@database
+async def dlq_purge(broker: Broker, queue: str | None, older_than: timedelta | None,
+                    everything: bool, yes: bool, state: str) -> int:
+    """Delete dead letters: needs --queue and/or --older-than, or --all --yes."""
+    filtered = queue is not None or older_than is not None
+    if everything and filtered:
+        raise UsageError("dlq purge: --all means every dead letter; drop --queue/--older-than")
+    if not filtered and not everything:
+        raise UsageError("dlq purge needs --queue and/or --older-than DAYS, or --all --yes to "
+                         "delete every dead letter of every queue")
+    if everything and not yes:
+        raise UsageError("dlq purge --all deletes every dead letter of every queue: add --yes "
+                         "to confirm")
+    await broker.check_schema()
+    n = await _purge(broker, queue, _DEAD[state], older_than)
+    print(f"purged {n} {'failed' if state == 'failed' else 'dead'} message(s)")
+    return 0
+
+
+#: How far before the newest dead letter printed ``dlq watch`` looks again.
+_WATCH_MARGIN = timedelta(minutes=1)
+
+
+@dlq.command("watch")
+@click.option("--queue")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="seconds between looks at the archive")
+@json_option
+@database
+async def dlq_watch(broker: Broker, queue: str | None, interval: float, as_json: bool) -> int:
+    """Print each new dead letter (FAILED or CANCELLED) as it is archived, until Ctrl-C."""
+    await broker.check_schema()
+    since = await broker.engine.now()
+    seen: dict[int, datetime] = {}  # printed, by archive time: forgotten past the margin
+    print(f"watching {broker.url} for dead letters (Ctrl-C stops)", file=sys.stderr)
+    while True:
+        # A row archived by a transaction that began before ``since`` and committed after
+        # it carries an earlier time: the margin catches those committed within a minute.
+        # The rows since then are read newest first, page after page, printed oldest first.
+        frm = since - _WATCH_MARGIN
+        fresh: list[MessageView] = []
+        page = await broker.insights().archive(ArchiveQuery(
+            queue=queue, states=DEAD_STATES, archived_from=frm, limit=1000))
+        while True:
+            fresh += [v for v in page.items if v.id not in seen]
+            if page.next is None:
+                break
+            page = await broker.insights().archive(page.next)
+        for v in reversed(fresh):
+            assert v.archived_at is not None
+            seen[v.id] = v.archived_at
+            since = max(since, v.archived_at)
+            if as_json:
+                print_json(v.to_json())
+            else:
+                print(f"{v.state}\t{_line(v)}")
+            sys.stdout.flush()
+        seen = {i: at for i, at in seen.items() if at >= since - _WATCH_MARGIN}
+        await asyncio.sleep(interval)
+
+
+@click.command("purge")
+@click.option("--older-than", type=Duration("d"), required=True, metavar="DURATION",
+              help="archived longer ago than this: 90m, 12h, 7d, 2w")
+@click.option("--queue")
+@click.option("--state", type=click.Choice(["all", *(s.lower() for s in ARCHIVED_STATES)]),
+              default="all", show_default=True)
+@database
+async def purge(broker: Broker, older_than: timedelta, queue: str | None, state: str) -> int:
+    """Delete archived messages older than a duration, in batches (retention by hand)."""
+    await broker.check_schema()
+    states = ARCHIVED_STATES if state == "all" else (state.upper(),)
+    n = await _purge(broker, queue, states, older_than)
+    print(f"purged {n} archived message(s)")
+    return 0
+
+
+async def _purge(broker: Broker, queue: str | None, states: tuple[str, ...],
+                 older_than: timedelta | None) -> int:
+    before = None if older_than is None else await broker.engine.now() - older_than
+    total, stats = 0, await broker.stats()
+    for s in states:
+        total += await in_batches(
+            "purged", _count(stats, queue, s),
+            lambda n, s=s: broker.engine.purge_archived(queue=queue, state=s, before=before,
+                                                        limit=n))
+    return total
+
+
+def _count(stats: list[QueueStats], queue: str | None, state: str) -> int:
+    """How many archived messages of ``state`` (in ``queue``): the progress bar's total."""
+    return sum(getattr(s, state.lower()) for s in stats
+               if queue is None or s.queue == queue)
+
+
+__all__ = ["dlq", "purge"]

@@ -1,0 +1,135 @@
+"""The records of sqlmq's read-only views: a message as an operator sees it (live or
+archived), a search of the archive, and what a queue did over recent windows.
+
+The engines fill them (``message_view``, ``search_archive``, ``archive_activity``,
+``latency_sample``, ``delivery_counts`` in :mod:`sqlmq.engines.contract`);
+:mod:`sqlmq.insights` composes them for the CLI, the dashboard and the metrics, so no edge
+writes its own SQL.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .lifecycle import State
+
+#: The archive states an operator calls dead letters: the message ended without success
+#: and nothing will run it again unless someone requeues it.
+DEAD_STATES: tuple[str, ...] = (State.FAILED.value, State.CANCELLED.value)
+#: The states of the archive's rows.
+ARCHIVED_STATES: tuple[str, ...] = (State.COMPLETED.value, State.FAILED.value,
+                                    State.EXPIRED.value, State.CANCELLED.value)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """One message, from the message table (``archived_at`` None) or the archive."""
+
+    id: int
+    queue: str
+    state: str
+    headers: dict[str, str]
+    payload: bytes
+    priority: int
+    attempts: int
+    deliveries: int
+    created_at: datetime
+    archived_at: datetime | None = None
+    #: When it is next due (live messages; None while it runs).
+    next_attempt_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    #: The last error (live: the one that made it retry; archived: why it ended).
+    error: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    channel: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.archived_at is None
+
+    @property
+    def key(self) -> tuple[datetime, int] | None:
+        """The archive search's ``after`` for the page that follows this row."""
+        return None if self.archived_at is None else (self.archived_at, self.id)
+
+    def body(self) -> Any:
+        """The payload decoded as JSON if it is JSON text, else as UTF-8 text, else None
+        (binary: see :meth:`to_json`'s ``payload_base64``)."""
+        try:
+            text = self.payload.decode()
+        except UnicodeDecodeError:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: times in ISO 8601, the payload decoded (JSON or text) or in
+        base64 when it is binary."""
+        out: dict[str, Any] = {
+            "id": self.id, "queue": self.queue, "state": self.state,
+            "headers": self.headers, "priority": self.priority, "attempts": self.attempts,
+            "deliveries": self.deliveries, "created_at": _iso(self.created_at),
+            "archived_at": _iso(self.archived_at),
+            "next_attempt_at": _iso(self.next_attempt_at),
+            "lease_expires_at": _iso(self.lease_expires_at), "error": self.error,
+            "history": self.history, "channel": self.channel,
+        }
+        try:
+            self.payload.decode()
+        except UnicodeDecodeError:
+            out["payload_base64"] = base64.b64encode(self.payload).decode()
+        else:
+            out["payload"] = self.body()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveQuery:
+    """A page of the archive, newest first. Every filter given must match (None: any).
+    ``after`` is the ``(archived_at, id)`` key of the last row of the previous page (keyset
+    pagination: the next page costs the same however deep it is)."""
+
+    queue: str | None = None
+    states: tuple[str, ...] | None = None
+    #: Text the error must contain (case-sensitive; a plain substring, no wildcards).
+    error_contains: str | None = None
+    archived_from: datetime | None = None
+    archived_to: datetime | None = None
+    after: tuple[datetime, int] | None = None
+    limit: int = 50
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= 10_000:
+            raise ValueError(f"an archive page holds 1 to 10000 rows, got {self.limit}")
+        for state in self.states or ():
+            if state not in ARCHIVED_STATES:
+                raise ValueError(f"no archived state {state!r} (states: "
+                                 f"{', '.join(ARCHIVED_STATES)})")
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCount:
+    """What left a queue in the last ``window`` seconds (from the archive)."""
+
+    queue: str
+    window: float
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    expired: int = 0
+    #: Of those, how many needed more than one delivery (they were retried or recovered).
+    retried: int = 0
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+__all__ = ["ARCHIVED_STATES", "DEAD_STATES", "ArchiveQuery", "MessageView",
+           "WindowCount"]
