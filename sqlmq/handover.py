@@ -32,10 +32,11 @@ async def hand_over(engine: Engine, wakeups: Wakeups, runtime: SubscriberRuntime
     what an acquire leaves, leased and fenced as usual, so a crash loses nothing. None: its
     queue is paused, nothing was written (the caller publishes it the ordinary way, and it
     waits for the resume)."""
+    sent = asyncio.get_running_loop().time()
     d = await engine.publish_leased(message, runtime.cfg.lease)
     if d is None:
         return None
-    if not runtime.hand_over(d):  # it began to stop meanwhile: back to the queue
+    if not runtime.hand_over(d, sent):  # it began to stop meanwhile: back to the queue
         await engine.settle([Settlement(d.id, d.deliveries, Outcome.RELEASE, refund=True,
                                         attempted=False)])
         wakeups.wake_when_visible(message.queue, None)

@@ -83,6 +83,11 @@ class Delivery:
     #: Its channel has a concurrency limit or is ordered: others of the channel wait until
     #: its result is written, so the runtime writes it without waiting for the interval.
     holds_slot: bool = False
+    #: The runtime's own bound on the lease (event loop time; None: none known): when the
+    #: statement that acquired or last extended it was sent, plus its seconds. The database
+    #: cannot have expired the lease before then, so a handler still running when it comes
+    #: is cancelled (:mod:`sqlmq.runtime.workers`) before another delivery can start.
+    renewed_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,3 +119,52 @@ async def _in_state(broker: Broker, msg_id: int, state: str) -> bool:
 
 async def _archived(broker: Broker, *ids: int) -> bool:
     return {r["id"] for r in await rows(broker, "archive")} >= set(ids)
+
+
+@on_every_engine
+async def test_a_handler_whose_lease_could_not_be_renewed_is_cancelled_before_it_runs_twice(
+    broker: Broker, monkeypatch: Any
+) -> None:
+    """The database stalls every extension for longer than the lease (out of reach, or a
+    writer starved of SQLite's lock): the runtime cannot know whether the lease still
+    holds, so at the lease's end it cancels the handler, writes nothing, and the message is
+    delivered again after the lease ends, never beside its first delivery."""
+    lease = 1.0
+    real_extend = broker.engine.extend
+    stalled = [True]
+
+    async def stalled_extend(leases: Any, seconds: float) -> Any:
+        if stalled[0]:
+            await asyncio.sleep(3 * lease)
+        return await real_extend(leases, seconds)
+
+    monkeypatch.setattr(broker.engine, "extend", stalled_extend)
+    loop = asyncio.get_running_loop()
+    runs: list[list[Any]] = []  # [deliveries, start, end or None]
+
+    @broker.subscriber("slow", lease=lease, flush_interval=0.01, recovery_interval=0.1)
+    async def slow(msg: Message) -> None:
+        run = [msg.deliveries, loop.time(), None]
+        runs.append(run)
+        if msg.deliveries == 1:
+            await asyncio.sleep(10 * lease)  # far past the lease: cut short at its end
+        else:
+            stalled[0] = False
+        run[2] = loop.time()
+
+    msg_id = await broker.publish("slow", "x")
+    await broker.start()
+    (runtime,) = broker.runtimes
+    try:
+        await wait_until(lambda: _archived(broker, msg_id), timeout=30,
+                         message="the message archived by its second delivery")
+    finally:
+        await broker.stop()
+
+    assert runtime.counters.lost_leases == 1 and runtime.counters.stale == 0
+    (first, second) = runs
+    assert (first[0], first[2]) == (1, None)  # cancelled, never finished
+    assert second[0] == 2 and second[1] - first[1] >= lease  # after the lease, not beside it
+    (archived,) = await rows(broker, "archive", id=msg_id)
+    assert (archived["state"], archived["deliveries_count"]) == ("COMPLETED", 2)
+    assert [e["ended"] for e in archived["history"]][:1] == ["lease_expired"]

@@ -105,10 +105,10 @@ class SubscriberRuntime:
         return (self.fetcher.idle_for(queue) and not self.flusher.full
                 and self.fetcher.buffer.qsize() + self.workers.running < self.cfg.workers)
 
-    def hand_over(self, d: Delivery) -> bool:
-        """Run a delivery acquired on this subscriber's behalf. False once stopping: the
-        caller then gives it back."""
-        return self.fetcher.hand_over(d)
+    def hand_over(self, d: Delivery, sent: float | None = None) -> bool:
+        """Run a delivery acquired on this subscriber's behalf (by a statement sent at loop
+        time ``sent``). False once stopping: the caller then gives it back."""
+        return self.fetcher.hand_over(d, sent)
 
     def cancel_requested(self, msg_id: int) -> None:
         """``Broker.cancel`` flagged ``msg_id``: its handler here, if any, sees it now."""

@@ -167,12 +167,13 @@ class Fetcher:
         """One acquire, its deliveries buffered; ``parked`` is clear meanwhile."""
         self.parked.clear()
         try:
+            sent = asyncio.get_running_loop().time()
             batch = await self.engine.acquire(self.cfg.queues, limit, self.cfg.lease)
             self.sizing.observe(len(batch), limit, self.buffer.qsize())
             if self._hooks.fetch:
                 self._hooks.on_fetched(self.cfg.queues, len(batch), limit)
             for d in batch:
-                self._keep(d)
+                self._keep(d, sent)
             return batch
         finally:
             self.parked.set()
@@ -204,17 +205,22 @@ class Fetcher:
         return (self.caught_up and not self.stopping and self._gate.is_set()
                 and queue in self.cfg.queues)
 
-    def hand_over(self, d: Delivery) -> bool:
-        """Buffer a delivery acquired on this subscriber's behalf by a publish. False once
-        stopping or while a suspect runs alone: the caller then gives it back."""
+    def hand_over(self, d: Delivery, sent: float | None = None) -> bool:
+        """Buffer a delivery acquired on this subscriber's behalf by a publish (whose
+        statement was sent at loop time ``sent``; None: now). False once stopping or while
+        a suspect runs alone: the caller then gives it back."""
         if self.stopping or not self._gate.is_set():
             return False
-        self._keep(d)
+        self._keep(d, sent)
         self.counters.acquired += 1
         return True
 
-    def _keep(self, d: Delivery) -> None:
-        """Hold ``d`` (its lease is renewed from here on) and buffer it for a worker."""
+    def _keep(self, d: Delivery, sent: float | None) -> None:
+        """Hold ``d`` (its lease is renewed from here on) and buffer it for a worker. Its
+        lease cannot end before ``sent`` (when the acquire was sent) plus the lease."""
+        if sent is None:
+            sent = asyncio.get_running_loop().time()
+        d.renewed_until = sent + self.cfg.lease
         self.held[(d.id, d.deliveries)] = d
         self.buffer.put_nowait(d)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..backoff import Backoff, describe
 from ..lifecycle import Settlement
@@ -15,6 +16,7 @@ from .counters import RuntimeCounters
 
 if TYPE_CHECKING:
     from ..engines.contract import Engine
+    from ..message import Message
     from ..subscriber import SubscriberConfig
 
 log = logging.getLogger("sqlmq")
@@ -25,17 +27,58 @@ Key = tuple[int, int]  # (id, deliveries): one delivery, its fencing token
 EXTEND_CHUNK = 1000
 
 
+class LeaseRanOut(Exception):
+    """A handler was cancelled because its lease could not be renewed in time."""
+
+
 class Holdings:
     """Every delivery this subscriber holds (buffered, running or waiting to be flushed) by
     its key, and the keys whose lease was found lost. The fetcher adds, the flusher removes
     once a result is written or given up, the lease keeper reads and marks losses, a worker
-    skips a lost one. Plain containers, shared: the hot path adds no call."""
+    skips a lost one. Plain containers, shared: the hot path adds no call.
 
-    __slots__ = ("held", "lost")
+    ``timers`` bound the running handlers by their lease: each ends at its delivery's
+    ``renewed_until``, which the lease keeper pushes on with every extension. A handler
+    whose lease could not be extended in time (the database slow or out of reach, the
+    process starved) is cancelled there, before the lease can expire in the database and
+    another process start the message again (:meth:`Workers._within_lease`)."""
+
+    __slots__ = ("held", "lost", "timers")
 
     def __init__(self) -> None:
         self.held: dict[Key, Delivery] = {}
         self.lost: set[Key] = set()
+        self.timers: dict[Key, asyncio.Timeout] = {}
+
+    def renewed(self, d: Delivery, until: float) -> None:
+        """``d``'s lease was extended by a statement sent at loop time ``until`` less its
+        seconds: its handler may run until then (the last extension is the one that counts,
+        a shorter one included: the database keeps only the last)."""
+        d.renewed_until = until
+        timer = self.timers.get((d.id, d.deliveries))
+        if timer is not None and not timer.expired():
+            timer.reschedule(until)
+
+    def ran_out_while_running(self, d: Delivery, counters: RuntimeCounters, handler: str,
+                              lease: float) -> None:
+        """The handler of ``d`` was cancelled when its lease could not be renewed in time:
+        nothing is written (the result would be stale, or would race the lease's end) and
+        the lease is no longer renewed, so the message is delivered again once it ends, as
+        after a crash. Counted as a lost lease (once, if the keeper found it lost too)."""
+        key = (d.id, d.deliveries)
+        if key not in self.lost:
+            counters.lost_leases += 1
+        self.lost.discard(key)
+        self.held.pop(key, None)
+        log.warning("handler %s of message %d (delivery %d) cancelled: its lease could not be "
+                    "renewed in time (lease %.1fs); it will be delivered again once the lease "
+                    "ends", handler, d.id, d.deliveries, lease)
+
+    def ran_out(self, key: Key) -> None:
+        """``key``'s lease is lost: a handler still running it is cancelled now."""
+        timer = self.timers.get(key)
+        if timer is not None and not timer.expired():
+            timer.reschedule(asyncio.get_running_loop().time())
 
     def flag_cancel(self, ids: set[int]) -> None:
         """Mark the held deliveries of ``ids`` as asked to cancel (``msg.cancel_requested``;
@@ -43,6 +86,25 @@ class Holdings:
         for (msg_id, _), d in list(self.held.items()):
             if msg_id in ids:
                 d.cancel_requested = True
+
+
+async def within_lease(call: Callable[[Message], Awaitable[Any]], msg: Message,
+                       d: Delivery, timers: dict[Key, asyncio.Timeout]) -> Any:
+    """``call(msg)`` until ``d``'s lease may have ended: at ``d.renewed_until``, which each
+    extension pushes on (:meth:`Holdings.renewed`), it is cancelled and
+    :class:`LeaseRanOut` raised, so that a handler never runs beside the next delivery of
+    its message (or past its channel's concurrency limit)."""
+    key = (d.id, d.deliveries)
+    try:
+        async with asyncio.timeout_at(d.renewed_until) as timer:
+            timers[key] = timer
+            return await call(msg)
+    except TimeoutError:
+        if timer.expired():
+            raise LeaseRanOut from None
+        raise
+    finally:
+        timers.pop(key, None)
 
 
 class LeaseKeeper:
@@ -86,16 +148,24 @@ class LeaseKeeper:
         """Extend every held lease; a lease the engine did not extend is lost."""
         held, lost = self.holdings.held, self.holdings.lost
         keys = list(held)
+        loop = asyncio.get_running_loop()
         for start in range(0, len(keys), EXTEND_CHUNK):
             chunk = keys[start : start + EXTEND_CHUNK]
+            sent = loop.time()
             kept = await self.engine.extend(chunk, self.cfg.lease)
             # A delivery whose result is already being flushed may have been archived in the
             # meantime: missing from ``kept`` then means settled, not lost.
             finished = {(s.id, s.deliveries) for s in self._settling}
             lost_now = 0
             for key in chunk:
-                if key[0] not in kept and key in held and key not in finished:
+                d = held.get(key)
+                if d is None:
+                    continue
+                if key[0] in kept:
+                    self.holdings.renewed(d, sent + self.cfg.lease)
+                elif key not in finished:
                     lost.add(key)
+                    self.holdings.ran_out(key)
                     lost_now += 1
                     self.counters.lost_leases += 1
                     log.warning("lease of message %d (delivery %d) was lost before it could be "
@@ -108,6 +178,7 @@ class LeaseKeeper:
 
     async def extend(self, d: Delivery, seconds: float) -> bool:
         """Push ``d``'s lease to now + ``seconds`` (``Message.extend``); False if lost."""
+        sent = asyncio.get_running_loop().time()
         try:
             kept = await self.engine.extend([(d.id, d.deliveries)], seconds)
         except Exception as exc:
@@ -115,4 +186,6 @@ class LeaseKeeper:
             raise
         if self._hooks.lease:
             self._hooks.on_leases(self.cfg.queues, len(kept), 1 - len(kept))
+        if d.id in kept:
+            self.holdings.renewed(d, sent + seconds)
         return d.id in kept

@@ -51,7 +51,7 @@ class Quarantine:
         self.gate = gate
         self._lock = asyncio.Lock()  # one suspect at a time
 
-    async def run_alone(self, d: Delivery, run: Callable[[Delivery], Awaitable[Settlement]],
+    async def run_alone(self, d: Delivery, run: Callable[[Delivery], Awaitable[Settlement | None]],
                         idle: asyncio.Event) -> None:
         """Run ``d`` with ``run`` once nothing else runs (``idle`` set by the workers)."""
         async with self._lock:
@@ -63,7 +63,9 @@ class Quarantine:
                 # Hand-backs and finished results must be durable before the suspect runs,
                 # or a crash now would charge those messages a delivery after all.
                 await self.flusher.flush_all()
-                self.flusher.add(await run(d))
+                settlement = await run(d)
+                if settlement is not None:  # None: its lease ran out, nothing to write
+                    self.flusher.add(settlement)
                 await self.flusher.flush_all()
             finally:
                 self.gate.set()

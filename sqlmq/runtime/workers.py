@@ -26,7 +26,7 @@ from ..pipeline import onward
 from ..records import Delivery
 from .buffer import WorkBuffer
 from .flusher import Flusher
-from .leases import Holdings
+from .leases import Holdings, LeaseRanOut, within_lease
 from .quarantine import Quarantine, is_suspect
 
 if TYPE_CHECKING:
@@ -132,7 +132,9 @@ class Workers:
         if is_suspect(d.history) and not exceeds_max_deliveries(d, self.cfg):
             await self._quarantine.run_alone(d, self.run, self.idle)
             return
-        await self._flusher.record(await self.run(d))
+        settlement = await self.run(d)
+        if settlement is not None:  # None: its lease ran out, nothing to write
+            await self._flusher.record(settlement)
 
     def _worker_failed(self, d: Delivery, exc: Exception) -> None:
         """A fault of sqlmq's own (or one no handler guard caught) while handling ``d``: log
@@ -171,8 +173,9 @@ class Workers:
 
     # ---- one delivery --------------------------------------------------------------------
 
-    async def run(self, d: Delivery) -> Settlement:
-        """Handle ``d`` to its settlement, counted as running meanwhile."""
+    async def run(self, d: Delivery) -> Settlement | None:
+        """Handle ``d`` to its settlement, counted as running meanwhile; None if its handler
+        was cancelled because its lease ran out (nothing to write)."""
         self.running += 1
         self.idle.clear()
         try:
@@ -182,7 +185,7 @@ class Workers:
             if self.running == 0:
                 self.idle.set()
 
-    async def _process(self, d: Delivery) -> Settlement:
+    async def _process(self, d: Delivery) -> Settlement | None:
         cfg = self.cfg
         ending = unrunnable(d, cfg)
         if ending is not None:
@@ -191,7 +194,14 @@ class Workers:
         error: BaseException | None = None
         result = None
         try:
-            result = await self._call(msg)
+            if cfg.renew_leases and d.renewed_until is not None:
+                result = await within_lease(self._call, msg, d, self._holdings.timers)
+            else:
+                result = await self._call(msg)
+        except LeaseRanOut:  # nothing to write: the message comes back after its lease
+            self._holdings.ran_out_while_running(d, self._flusher.counters, self.adapter.name,
+                                                 cfg.lease)
+            return None
         except DecodeError as exc:
             if msg.decision is None:
                 log.error("message %d of queue %s dead-lettered (archived FAILED) before its "
