@@ -35,13 +35,13 @@ class Holdings:
     """Every delivery this subscriber holds (buffered, running or waiting to be flushed) by
     its key, and the keys whose lease was found lost. The fetcher adds, the flusher removes
     once a result is written or given up, the lease keeper reads and marks losses, a worker
-    skips a lost one. Plain containers, shared: the hot path adds no call.
+    skips a lost one. Plain containers, shared.
 
     ``timers`` bound the running handlers by their lease: each ends at its delivery's
     ``renewed_until``, which the lease keeper pushes on with every extension. A handler
     whose lease could not be extended in time (the database slow or out of reach, the
     process starved) is cancelled there, before the lease can expire in the database and
-    another process start the message again (:meth:`Workers._within_lease`)."""
+    another process start the message again (:func:`within_lease`)."""
 
     __slots__ = ("held", "lost", "timers")
 
