@@ -213,6 +213,15 @@ class Middleware:
         """The broker stopped."""
 
 
+def _observe(observers: Sequence[object], hook: str, *args: Any) -> None:
+    """Call ``hook`` on each observer; one that raises is logged and the rest still run."""
+    for m in observers:
+        try:
+            getattr(m, hook)(*args)
+        except Exception as exc:
+            _observer_failed(m, hook, exc)
+
+
 def _name(m: object) -> str:
     return type(m).__qualname__.rsplit("<locals>.", 1)[-1]
 
@@ -317,32 +326,16 @@ class Hooks:
     # ---- observation points ----------------------------------------------------------------
 
     def on_settled(self, event: Settled) -> None:
-        for m in self.settle:
-            try:
-                m.settled(event)  # type: ignore[attr-defined]
-            except Exception as exc:
-                _observer_failed(m, "settled", exc)
+        _observe(self.settle, "settled", event)
 
     def on_fetched(self, queues: Sequence[str], got: int, asked: int) -> None:
-        for m in self.fetch:
-            try:
-                m.fetched(queues, got, asked)  # type: ignore[attr-defined]
-            except Exception as exc:
-                _observer_failed(m, "fetched", exc)
+        _observe(self.fetch, "fetched", queues, got, asked)
 
     def on_flushed(self, queues: Sequence[str], size: int, limit: int, seconds: float) -> None:
-        for m in self.flush:
-            try:
-                m.flushed(queues, size, limit, seconds)  # type: ignore[attr-defined]
-            except Exception as exc:
-                _observer_failed(m, "flushed", exc)
+        _observe(self.flush, "flushed", queues, size, limit, seconds)
 
     def on_leases(self, queues: Sequence[str], extended: int, lost: int) -> None:
-        for m in self.lease:
-            try:
-                m.leases_extended(queues, extended, lost)  # type: ignore[attr-defined]
-            except Exception as exc:
-                _observer_failed(m, "leases_extended", exc)
+        _observe(self.lease, "leases_extended", queues, extended, lost)
 
     # ---- the broker's start and stop -----------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..broker import Broker
-from ..subscriber import check_queue
+from ..records import WorkerInfo
 from .common import database, json_option, print_json, print_table
 
 
@@ -20,7 +20,7 @@ async def pause(broker: Broker, queue: str) -> int:
     """Stop every process and host from taking QUEUE's messages until `sqlmq resume`
     (publishing goes on; the messages wait)."""
     await broker.check_schema()
-    newly = await broker.pause(check_queue(queue))
+    newly = await broker.pause(queue)  # checks the name
     print(f"paused {queue}" if newly else f"{queue} was paused already")
     return 0
 
@@ -31,7 +31,7 @@ async def pause(broker: Broker, queue: str) -> int:
 async def resume(broker: Broker, queue: str) -> int:
     """Let QUEUE's messages be taken again."""
     await broker.check_schema()
-    lifted = await broker.resume(check_queue(queue))
+    lifted = await broker.resume(queue)  # checks the name
     print(f"resumed {queue}" if lifted else f"{queue} was not paused")
     return 0
 
@@ -62,7 +62,7 @@ async def workers(broker: Broker, as_json: bool) -> int:
     return 0
 
 
-def _worker_json(w: Any) -> dict[str, Any]:
+def _worker_json(w: WorkerInfo) -> dict[str, Any]:
     out = asdict(w)
     for key in ("started_at", "heartbeat_at", "expires_at"):
         out[key] = out[key].isoformat()

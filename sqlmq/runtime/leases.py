@@ -55,9 +55,7 @@ class Holdings:
         seconds: its handler may run until then (the last extension is the one that counts,
         a shorter one included: the database keeps only the last)."""
         d.renewed_until = until
-        timer = self.timers.get((d.id, d.deliveries))
-        if timer is not None and not timer.expired():
-            timer.reschedule(until)
+        self._reschedule((d.id, d.deliveries), until)
 
     def ran_out_while_running(self, d: Delivery, counters: RuntimeCounters, handler: str,
                               lease: float) -> None:
@@ -76,9 +74,13 @@ class Holdings:
 
     def ran_out(self, key: Key) -> None:
         """``key``'s lease is lost: a handler still running it is cancelled now."""
+        self._reschedule(key, asyncio.get_running_loop().time())
+
+    def _reschedule(self, key: Key, when: float) -> None:
+        """Move the end of ``key``'s running handler, if one runs and has not ended."""
         timer = self.timers.get(key)
         if timer is not None and not timer.expired():
-            timer.reschedule(asyncio.get_running_loop().time())
+            timer.reschedule(when)
 
     def flag_cancel(self, ids: set[int]) -> None:
         """Mark the held deliveries of ``ids`` as asked to cancel (``msg.cancel_requested``;
