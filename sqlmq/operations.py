@@ -12,14 +12,24 @@ find the messages on their next poll.
 
 **Workers.** Each running broker heartbeats its row of ``{prefix}worker`` (see
 :mod:`sqlmq.maintenance.heartbeat`); ``await broker.workers()`` lists the live ones.
+
+**Repairs.** ``requeue``, ``purge`` and ``delete`` work on the archive in batches of one
+transaction each (``batch`` rows), so 100k rows never sit in one transaction, and an
+interrupt (a cancelled task, Ctrl-C in the CLI) rolls back only the batch in flight: the
+count reported (``progress``) is exact. The CLI and the dashboard call these.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .errors import ConfigurationError
 from .records import PausedQueue, WorkerInfo
 from .subscriber import check_queue
+from .views import ARCHIVED_STATES, DEAD_STATES
 
 if TYPE_CHECKING:
     from .engines.contract import Engine
@@ -59,6 +69,53 @@ class Operations:
         """The paused queues (with when each was paused), by name."""
         return await self._engine.paused()
 
+    # ---- repairs of the archive ------------------------------------------------------------
+
+    async def requeue(self, *, ids: Sequence[int] | None = None, queue: str | None = None,
+                      states: Sequence[str] = DEAD_STATES, batch: int = 1000,
+                      progress: Callable[[int], None] | None = None) -> int:
+        """Put archived messages back in their queue as fresh deliveries (id, payload,
+        headers, priority and history kept): those of ``ids``, or every one of ``queue``,
+        in ``states`` (default: the dead letters, FAILED and CANCELLED). Returns how many;
+        ``progress`` is called with the running total after each batch. Asking for neither
+        ``ids`` nor ``queue`` is an error: a requeue of everything is never an accident."""
+        if ids is None and queue is None:
+            raise ConfigurationError("requeue needs ids or a queue (refusing to requeue "
+                                     "every archived message)")
+        ids = None if ids is None else [int(i) for i in ids]
+        queue = None if queue is None else check_queue(queue)
+        return await _batches(
+            [lambda n, s=s: self._engine.requeue_archived(queue=queue, ids=ids, state=s,
+                                                          limit=n)
+             for s in _states(states)], batch, progress)
+
+    async def purge(self, *, older_than: timedelta | float | None = None,
+                    queue: str | None = None, states: Sequence[str] = ARCHIVED_STATES,
+                    ids: Sequence[int] | None = None, batch: int = 1000,
+                    progress: Callable[[int], None] | None = None) -> int:
+        """Delete archived messages (live ones are never touched): those archived longer
+        than ``older_than`` ago (a timedelta or seconds, on the database clock), of
+        ``queue``, of ``ids``, in ``states``; every filter given must match. Returns how
+        many."""
+        before = None
+        if older_than is not None:
+            age = (older_than if isinstance(older_than, timedelta)
+                   else timedelta(seconds=float(older_than)))
+            if age < timedelta(0):
+                raise ConfigurationError(f"older_than must be zero or more, got {older_than!r}")
+            before = await self._engine.now() - age
+        ids = None if ids is None else [int(i) for i in ids]
+        queue = None if queue is None else check_queue(queue)
+        return await _batches(
+            [lambda n, s=s: self._engine.purge_archived(queue=queue, ids=ids, state=s,
+                                                        before=before, limit=n)
+             for s in _states(states)], batch, progress)
+
+    async def delete(self, msg_id: int) -> bool:
+        """Delete archived message ``msg_id``; False if the archive has no such message (a
+        live one is cancelled instead: :meth:`cancel`)."""
+        return await self.purge(ids=[int(msg_id)]) == 1
+
     # ---- live workers ------------------------------------------------------------------
 
     async def workers(self) -> list[WorkerInfo]:
@@ -79,6 +136,34 @@ class Operations:
         totals of handlers running and deliveries held."""
         found = [describe_runtime(r) for r in self._runtimes]
         return (found, sum(s["running"] for s in found), sum(s["held"] for s in found))
+
+
+def _states(states: Sequence[str]) -> list[str]:
+    wanted = [str(s).upper() for s in ([states] if isinstance(states, str) else states)]
+    unknown = [s for s in wanted if s not in ARCHIVED_STATES]
+    if unknown or not wanted:
+        raise ConfigurationError(f"no archived state {', '.join(unknown) or '(none given)'} "
+                                 f"(states: {', '.join(ARCHIVED_STATES)})")
+    return list(dict.fromkeys(wanted))
+
+
+async def _batches(steps: Sequence[Callable[[int], Awaitable[int]]], batch: int,
+                   progress: Callable[[int], None] | None) -> int:
+    """Run each ``step(batch)`` (one transaction moving at most ``batch`` rows) until it
+    moves fewer; the running total goes to ``progress`` after every batch."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 100_000:
+        raise ConfigurationError(f"batch must be 1 to 100000 rows, got {batch!r}")
+    done = 0
+    for step in steps:
+        while True:
+            n = await step(batch)
+            done += n
+            if progress is not None:
+                progress(done)
+            if n < batch:
+                break
+            await asyncio.sleep(0)  # a cancel lands here, between batches, on any engine
+    return done
 
 
 def describe_runtime(runtime: SubscriberRuntime) -> dict[str, Any]:

@@ -111,12 +111,11 @@ async def dlq_requeue(broker: Broker, queue: str | None, ids: tuple[int, ...],
             where = f" in queue {queue!r}" if queue else ""
             raise SqlmqError(f"no dead letter with id {', '.join(map(str, missing))}{where}; "
                              "nothing requeued (see sqlmq dlq list)")
-    total, stats = 0, await broker.stats()
-    for s in states:
-        total += await in_batches(
-            "requeued", _count(stats, queue, s),
-            lambda n, s=s: broker.engine.requeue_archived(
-                queue=queue, ids=list(ids) or None, state=s, limit=n))
+    stats = await broker.stats()
+    total = await in_batches(
+        "requeued", sum(_count(stats, queue, s) for s in states),
+        lambda progress: broker.requeue(ids=list(ids) or None, queue=queue, states=states,
+                                        progress=progress))
     print(f"requeued {total} message(s)")
     return 0
 
@@ -207,14 +206,11 @@ async def purge(broker: Broker, older_than: timedelta, queue: str | None, state:
 
 async def _purge(broker: Broker, queue: str | None, states: tuple[str, ...],
                  older_than: timedelta | None) -> int:
-    before = None if older_than is None else await broker.engine.now() - older_than
-    total, stats = 0, await broker.stats()
-    for s in states:
-        total += await in_batches(
-            "purged", _count(stats, queue, s),
-            lambda n, s=s: broker.engine.purge_archived(queue=queue, state=s, before=before,
-                                                        limit=n))
-    return total
+    stats = await broker.stats()
+    return await in_batches(
+        "purged", sum(_count(stats, queue, s) for s in states),
+        lambda progress: broker.purge(older_than=older_than, queue=queue, states=states,
+                                      progress=progress))
 
 
 def _count(stats: list[QueueStats], queue: str | None, state: str) -> int:

@@ -151,23 +151,25 @@ def ago(seconds: float | None) -> str:
 
 
 
-async def in_batches(verb: str, total: int, step: Callable[[int], Awaitable[int]],
-                     batch: int = 1000) -> int:
-    """Run ``step(batch)`` (one transaction moving at most ``batch`` rows, returning how
-    many) until a short batch; a progress bar on a terminal. Ctrl-C cancels the batch in
-    flight, whose transaction rolls back, and says exactly how many were done before it."""
+async def in_batches(verb: str, total: int,
+                     run: Callable[[Callable[[int], None]], Awaitable[int]]) -> int:
+    """Await ``run(progress)`` (a :class:`~sqlmq.Broker` repair, which calls ``progress``
+    with its running total after each batch of one transaction) with a progress bar on a
+    terminal. Ctrl-C cancels the batch in flight, whose transaction rolls back, and says
+    exactly how many were done before it."""
     from rich.progress import Progress
 
     done = 0
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task(verb, total=total or None)
+
+        def progress(n: int) -> None:
+            nonlocal done
+            done = n
+            bar.update(task, completed=n)
+
         try:
-            while True:
-                n = await step(batch)
-                done += n
-                bar.update(task, completed=done)
-                if n < batch:
-                    return done
+            return await run(progress)
         except asyncio.CancelledError:
             print(f"sqlmq: interrupted: {verb} {done} message(s); the batch in progress was "
                   "rolled back", file=sys.stderr)

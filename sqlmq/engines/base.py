@@ -458,11 +458,12 @@ class ArchiveAndStatsMixin:
     async def purge_archived(
         self, *, queue: str | None = None, state: str | None = None,
         before: datetime | None = None, limit: int | None = None,
+        ids: Sequence[int] | None = None,
     ) -> int:
         from sqlalchemy import delete, select
 
         a = self.schema.archive
-        where = self._archive_filter(queue, None, state, before)
+        where = self._archive_filter(queue, ids, state, before)
         async with self.db.begin() as conn:
             if limit is None:
                 return (await conn.execute(delete(a).where(*where))).rowcount

@@ -215,9 +215,10 @@ class Engine(OperationsContract, Protocol):
     async def purge_archived(
         self, *, queue: str | None = None, state: str | None = None,
         before: datetime | None = None, limit: int | None = None,
+        ids: Sequence[int] | None = None,
     ) -> int:
-        """Delete archived messages, at most ``limit`` (lowest ids first) in one
-        transaction; returns how many."""
+        """Delete archived messages matching every filter given, at most ``limit`` (lowest
+        ids first) in one transaction; returns how many."""
         ...
 
     async def stats(self) -> list[QueueStats]:

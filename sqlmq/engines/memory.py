@@ -666,9 +666,10 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):
             return moved
 
     async def purge_archived(self, *, queue: str | None = None, state: str | None = None,
-                             before: datetime | None = None, limit: int | None = None) -> int:
+                             before: datetime | None = None, limit: int | None = None,
+                             ids: Sequence[int] | None = None) -> int:
         with self._lock:
-            return self._store.purge(_first(self._store.archived(queue, None, state, before),
+            return self._store.purge(_first(self._store.archived(queue, ids, state, before),
                                             limit))
 
     async def stats(self) -> list[QueueStats]:

@@ -1,0 +1,129 @@
+"""The archive repairs of the Broker API (``requeue``, ``purge``, ``delete``), which the CLI and
+the dashboard call: 100k rows moved in batches with exact counts, an interrupt that leaves
+whole batches done, and bad arguments refused before anything moves."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import func, insert, select
+
+from sqlmq import Broker, ConfigurationError
+from tests.conftest import on_memory
+
+BIG = 100_000
+
+
+async def _archive(broker: Broker, queue: str, n: int, state: str, archived_at: datetime,
+                   first_id: int) -> list[int]:
+    """``n`` archived rows written straight into the archive table (the fast way to a big
+    archive: publishing and failing 100k messages would be the test's whole budget)."""
+    ids = list(range(first_id, first_id + n))
+    if on_memory(broker):
+        from sqlmq.engines.memory import Archived
+
+        store = broker.engine._store  # type: ignore[attr-defined]
+        for i in ids:
+            store.archive[i] = Archived(
+                i, queue, {}, b'{"n": 1}', state, 1, 1, archived_at, None, None, archived_at,
+                "boom", [])
+        return ids
+    a = broker.schema.archive
+    rows = [{"id": i, "queue": queue, "headers": {}, "payload": b'{"n": 1}', "state": state,
+             "attempts_count": 1, "deliveries_count": 1, "created_at": archived_at,
+             "archived_at": archived_at, "error": "boom", "history": []} for i in ids]
+    async with broker.db.begin() as conn:
+        for start in range(0, n, 10_000):
+            await conn.execute(insert(a), rows[start : start + 10_000])
+    return ids
+
+
+async def _count(broker: Broker, table: str, **where: str) -> int:
+    if on_memory(broker):
+        store = broker.engine._store  # type: ignore[attr-defined]
+        found = store.rows.values() if table == "message" else store.archive.values()
+        return sum(all(getattr(r, k) == v for k, v in where.items()) for r in found)
+    t = broker.schema.message if table == "message" else broker.schema.archive
+    async with broker.db.connect() as conn:
+        return (await conn.execute(select(func.count()).select_from(t).where(
+            *(t.c[k] == v for k, v in where.items())))).scalar_one()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_kind", ["memory", "sqlite", "postgresql", "mariadb"])
+async def test_requeue_and_purge_of_100k_rows_count_exactly(broker: Broker) -> None:
+    now = await broker.engine.now()
+    old = now - timedelta(days=3)
+    await _archive(broker, "big", BIG, "FAILED", now, 1)
+    await _archive(broker, "other", 5, "FAILED", now, BIG + 1)
+    seen: list[int] = []
+    assert await broker.requeue(queue="big", progress=seen.append) == BIG
+    # After each batch: 100 full ones, then the empty one that ends FAILED and CANCELLED's.
+    assert seen == [*range(1000, BIG + 1, 1000), BIG, BIG]
+    assert await _count(broker, "message", queue="big", state="PENDING") == BIG
+    assert await _count(broker, "archive", queue="other") == 5
+    assert await _count(broker, "archive", queue="big") == 0
+
+    await _archive(broker, "done", BIG, "COMPLETED", old, 2 * BIG)
+    await _archive(broker, "done", 7, "COMPLETED", now, 3 * BIG)
+    assert await broker.purge(older_than=timedelta(days=1), batch=5000) == BIG
+    assert await _count(broker, "archive", queue="done") == 7
+    assert await _count(broker, "archive") == 12
+
+
+@pytest.mark.parametrize("db_kind", ["memory", "sqlite", "postgresql", "mariadb"])
+async def test_an_interrupted_requeue_leaves_whole_batches(broker: Broker) -> None:
+    """Cancelled between batches, the requeue has moved exactly what it reported: nothing
+    of the batch it was about to start, nothing half done."""
+    await _archive(broker, "q", 1000, "FAILED", await broker.engine.now(), 1)
+    task: asyncio.Task[int] | None = None
+    reported: list[int] = []
+
+    def progress(n: int) -> None:
+        reported.append(n)
+        if n >= 300 and task is not None:
+            task.cancel()
+
+    task = asyncio.ensure_future(broker.requeue(queue="q", batch=100, progress=progress))
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert reported == [100, 200, 300]
+    assert await _count(broker, "message", queue="q") == 300
+    assert await _count(broker, "archive", queue="q") == 700
+    assert await broker.requeue(queue="q") == 700  # the rest, once, on a second run
+
+
+@pytest.mark.parametrize("db_kind", ["memory", "sqlite", "postgresql", "mariadb"])
+async def test_delete_and_filters(broker: Broker) -> None:
+    now = await broker.engine.now()
+    failed = await _archive(broker, "q", 3, "FAILED", now, 1)
+    cancelled = await _archive(broker, "q", 2, "CANCELLED", now, 10)
+    done = await _archive(broker, "q", 2, "COMPLETED", now, 20)
+    live = await broker.publish("q", {"live": True})
+    assert await broker.delete(failed[0]) is True
+    assert await broker.delete(failed[0]) is False
+    assert await broker.delete(live) is False  # live messages are cancelled, not deleted
+    assert await _count(broker, "message", queue="q") == 1
+    # The default states of a requeue are the dead letters: FAILED and CANCELLED.
+    assert await broker.requeue(ids=[failed[1], cancelled[0], done[0]]) == 2
+    assert await broker.purge(queue="q", states=["COMPLETED"]) == 2
+    assert await broker.purge(ids=[cancelled[1]]) == 1
+    assert await _count(broker, "archive", queue="q") == 1  # failed[2]
+    assert await broker.purge(older_than=timedelta(hours=1)) == 0
+
+
+@pytest.mark.parametrize("db_kind", ["memory", "sqlite"])
+async def test_bad_arguments_move_nothing(broker: Broker) -> None:
+    await _archive(broker, "q", 3, "FAILED", datetime.now(UTC), 1)
+    for call, reason in (
+        (broker.requeue(), "needs ids or a queue"),
+        (broker.requeue(queue="q", states=["PENDING"]), "no archived state PENDING"),
+        (broker.requeue(queue="q", batch=0), "batch must be 1 to 100000"),
+        (broker.purge(older_than=-5), "older_than must be zero or more"),
+        (broker.purge(queue="q\x00"), "queue name must not contain NUL"),
+    ):
+        with pytest.raises(ConfigurationError, match=reason):
+            await call
+    assert await _count(broker, "archive", queue="q") == 3
