@@ -23,7 +23,7 @@ from .errors import (
     UnknownGroup,
 )
 from .insights import ArchivePage, Insights, Latency, QueueDetail, QueueOverview
-from .lifecycle import AckPolicy, Outcome, State
+from .lifecycle import AckPolicy, Archive, Outcome, State
 from .message import Message
 from .metrics import PrometheusMetrics, serve_metrics
 from .middleware import CallNext, Middleware, MiddlewareError, PublishBatch, Settled
@@ -54,6 +54,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AckPolicy",
     "AlreadySettled",
+    "Archive",
     "ArchivePage",
     "ArchiveQuery",
     "Broker",

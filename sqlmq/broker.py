@@ -19,7 +19,7 @@ from .dead_letters import DeadLetters
 from .engines import engine_for
 from .engines.contract import Engine, WakeSource
 from .errors import ConfigurationError
-from .lifecycle import AckPolicy
+from .lifecycle import AckPolicy, Archive
 from .maintenance import Heartbeat, LeaseRecovery
 from .middleware import Hooks
 from .operations import Operations
@@ -157,14 +157,17 @@ class Broker(Publisher, Scheduling, Administration, Operations):
         max_deliveries: int | Literal["auto"] | None = "auto",
         retry: RetryStrategy | None = None,
         ack_policy: AckPolicy | str = AckPolicy.NACK_ON_ERROR, graceful_timeout: float = 30.0,
-        publish_to: str | None = None,
+        publish_to: str | None = None, archive: Archive | str = Archive.ALL,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a handler for one or more queues (a decorator). With ``topic`` (a
         pattern or several: see :mod:`sqlmq.topics`) and ``group``, it consumes the group's
         copies of the messages published to the matching topics; the group is made when the
         broker starts, so register topic subscribers before :meth:`start`. With
         ``publish_to``, the handler's return value is published to that queue in the
-        transaction that archives its message (see :mod:`sqlmq.pipeline`)."""
+        transaction that archives its message (see :mod:`sqlmq.pipeline`). ``archive``:
+        which ended messages are kept in the archive, ``"all"``, ``"failed"`` (all but the
+        completed ones) or ``"none"``; the others are deleted in the same fenced statement
+        (see :class:`~sqlmq.lifecycle.Archive`)."""
         consumed, groups = subscription(queues, topic, group)
         if groups and self._started:
             raise ConfigurationError(
@@ -181,6 +184,7 @@ class Broker(Publisher, Scheduling, Administration, Operations):
             retry=retry if retry is not None else Retry.exponential(),
             ack_policy=AckPolicy(ack_policy), graceful_timeout=graceful_timeout,
             publish_to=publish_to, max_payload_bytes=self.max_payload_bytes,
+            archive=archive,  # type: ignore[arg-type]  # checked by SubscriberConfig
         )
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:

@@ -65,6 +65,24 @@ class AckPolicy(StrEnum):
     MANUAL = "MANUAL"
 
 
+class Archive(StrEnum):
+    """Which ended messages a subscriber keeps in the archive (``archive=``); the others are
+    deleted by the settle's statement that would have archived them, fenced the same way.
+
+    ``ALL`` (default): every one. ``FAILED``: all but COMPLETED (a busy queue whose
+    successes nobody reads; its failures, cancellations and expiries stay to be looked at
+    and requeued). ``NONE``: none (the seed's delete mode; dead letters are still logged
+    and passed to ``on_dead_letter`` hooks, then gone).
+    """
+
+    ALL = "all"
+    FAILED = "failed"
+    NONE = "none"
+
+    def keeps(self, outcome: Outcome) -> bool:
+        return self is Archive.ALL or (self is Archive.FAILED and outcome is not Outcome.COMPLETE)
+
+
 class Outcome(StrEnum):
     """What a flush writes for one delivery."""
 
@@ -160,6 +178,8 @@ class Policy(Protocol):
     def retry(self) -> RetryStrategy: ...
     @property
     def max_deliveries(self) -> int | Literal["auto"] | None: ...
+    @property
+    def archive(self) -> Archive: ...
 
 
 #: How many past delivery endings a message keeps (newest last).
@@ -193,6 +213,9 @@ class Settlement:
     #: saved on the row (encoded; None: none).
     at: datetime | None = None
     saved_state: bytes | None = None
+    #: False: if this settlement archives the message, it deletes the row instead (the
+    #: subscriber's :class:`Archive` setting, applied by :func:`decide`).
+    keep: bool = True
 
 
 def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
@@ -208,7 +231,12 @@ def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
     unless it succeeded: a failure, a retry, a defer or a release would run it again."""
     settlement = _decide(d, policy, error, decision, ending)
     if d.cancel_requested and settlement.outcome is not Outcome.COMPLETE:
-        return _cancelled(d, policy, error)
+        settlement = _cancelled(d, policy, error)
+    if policy.archive is not Archive.ALL:
+        if settlement.outcome.archives:
+            settlement.keep = policy.archive.keeps(settlement.outcome)
+        elif settlement.outcome is Outcome.DEFER:  # archived CANCELLED if cancelled meanwhile
+            settlement.keep = policy.archive.keeps(Outcome.CANCEL)
     return settlement
 
 

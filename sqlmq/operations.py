@@ -186,6 +186,7 @@ def describe_runtime(runtime: SubscriberRuntime) -> dict[str, Any]:
         "max_unflushed": cfg.max_unflushed,
         "max_deliveries": cfg.max_deliveries,
         "ack_policy": str(cfg.ack_policy.value),
+        "archive": str(cfg.archive.value),
         "graceful_timeout": cfg.graceful_timeout,
         "publish_to": cfg.publish_to,
         "running": runtime.running,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from .codec import decode
 from .errors import ConfigurationError, DecodeError, HandlerSignatureError
-from .lifecycle import AckPolicy
+from .lifecycle import AckPolicy, Archive
 from .message import Message
 from .retry import Retry, RetryStrategy
 from .schema import DEFAULT_MAX_PAYLOAD, MAX_QUEUE_NAME
@@ -81,6 +81,9 @@ class SubscriberConfig:
     publish_to: str | None = None
     #: The broker's limit, which the return values published onward are held to.
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
+    #: Which ended messages go to the archive; the others are deleted (see
+    #: :class:`~sqlmq.lifecycle.Archive`).
+    archive: Archive = Archive.ALL
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -109,6 +112,11 @@ class SubscriberConfig:
         if self.min_fetch_interval < 0 or self.max_fetch_interval < self.min_fetch_interval:
             raise ConfigurationError("need 0 <= min_fetch_interval <= max_fetch_interval")
         self.ack_policy = AckPolicy(self.ack_policy)
+        try:
+            self.archive = Archive(self.archive)
+        except ValueError:
+            raise ConfigurationError(f"archive must be 'all', 'failed' or 'none', got "
+                                     f"{self.archive!r}") from None
         if not callable(self.retry):
             raise ConfigurationError("retry must be a Retry or a callable (attempt, error)")
         if self.max_deliveries == "auto":

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from sqlmq import Broker, DeadLetter, Retry
+from sqlmq import Broker, ConfigurationError, DeadLetter, Retry
 
 from .conftest import on_every_engine, wait_until
 
@@ -62,3 +62,42 @@ async def test_every_dead_letter_is_logged_and_reaches_the_hooks(
                "on_dead_letter hook" in r.getMessage() for r in caplog.records) >= 3
     stats = {s.queue: s for s in await broker.stats()}
     assert (stats["jobs"].failed, stats["jobs"].completed, stats["later"].cancelled) == (2, 2, 1)
+
+
+@on_every_engine
+@pytest.mark.parametrize("mode", ["failed", "none"])
+async def test_a_subscriber_that_does_not_archive_everything_deletes_the_rest(
+    broker: Broker, mode: str
+) -> None:
+    """``archive="failed"`` keeps the dead letters only; ``"none"`` keeps nothing, and its
+    dead letters still reach the hooks before they are gone."""
+    seen: list[int] = []
+    broker.on_dead_letter(lambda dead: seen.append(dead.id))
+    handled: list[int] = []
+
+    @broker.subscriber("jobs", retry=Retry.none(), archive=mode, max_fetch_interval=0.05)
+    async def handle(body: dict) -> None:
+        handled.append(body["n"])
+        if body["n"] % 2:
+            raise ValueError(f"odd {body['n']}")
+
+    ids = await broker.publish_batch("jobs", [{"n": n} for n in range(6)])
+    await broker.start()
+    try:
+        await wait_until(lambda: len(seen) == 3, timeout=60)
+        await wait_until(lambda: _no_live(broker), timeout=60)
+    finally:
+        await broker.stop()
+    assert sorted(seen) == ids[1::2] and sorted(handled) == list(range(6))
+    views = [await broker.insights().message(i) for i in ids]
+    kept = {v.id: v.state for v in views if v is not None}
+    assert kept == ({i: "FAILED" for i in ids[1::2]} if mode == "failed" else {})
+
+
+async def _no_live(broker: Broker) -> bool:
+    return not any(s.pending or s.processing or s.retryable for s in await broker.stats())
+
+
+async def test_archive_takes_all_failed_or_none(broker: Broker) -> None:
+    with pytest.raises(ConfigurationError, match="archive must be 'all', 'failed' or 'none'"):
+        broker.subscriber("jobs", archive="some")

@@ -17,6 +17,7 @@ from sqlmq.lifecycle import (
     HISTORY_LIMIT,
     TRACEBACK_LIMIT,
     AckPolicy,
+    Archive,
     Decision,
     Ending,
     Outcome,
@@ -50,6 +51,7 @@ class P:
     ack_policy: AckPolicy = AckPolicy.NACK_ON_ERROR
     retry: RetryStrategy = field(default_factory=lambda: Retry.constant(2.0, max_attempts=3))
     max_deliveries: int | None = 10
+    archive: Archive = Archive.ALL
 
 
 def boom() -> ValueError:

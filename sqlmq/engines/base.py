@@ -358,6 +358,7 @@ class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements
                     1 if s.refund else 0,
                     1 if s.attempted else 0,
                     None if s.history is None else json.dumps(s.history),
+                    1 if s.keep else 0,
                 ]
                 for s in settlements
             ]
@@ -405,7 +406,7 @@ class ArchiveAndStatsMixin:
         a, m = self.schema.archive, self.schema.message
         ended = [s.id for s in settlements if s.outcome in ARCHIVING or
                  s.outcome is Outcome.DEFER]  # a defer of a cancelled message archives it
-        back = [s.id for s in settlements if s.outcome not in ARCHIVING]
+        back = [s.id for s in settlements if s.outcome not in ARCHIVING or not s.keep]
         async with self.db.connect() as conn:
             await conn.execution_options(**{READ_ONLY: True})
             archived = {r.id: r for r in await conn.execute(
@@ -515,18 +516,23 @@ class ArchiveAndStatsMixin:
 
 
 def _shows(s: Settlement, archived: Any, row: Any) -> bool:
-    """Whether the archive row ``archived`` or the message row ``row`` is what settlement
-    ``s`` leaves. Only the holder of delivery ``(id, deliveries)`` can write it: an archive
-    row (CANCELLED for a defer of a message cancelled meanwhile) or a RETRYABLE row with
-    that delivery number; for a defer, PENDING at that delivery with the ``deferred`` entry
-    last; for a refunded release, PENDING one delivery back (a lease recovery never
-    refunds); for another release, PENDING at that delivery without the ``lease_expired``
-    entry a recovery would have added."""
+    """Whether the archive row ``archived`` or the message row ``row`` (None: no such row)
+    is what settlement ``s`` leaves. Only the holder of delivery ``(id, deliveries)`` can
+    write it: an archive row (CANCELLED for a defer of a message cancelled meanwhile) or a
+    RETRYABLE row with that delivery number; for a defer, PENDING at that delivery with the
+    ``deferred`` entry last; for a refunded release, PENDING one delivery back (a lease
+    recovery never refunds); for another release, PENDING at that delivery without the
+    ``lease_expired`` entry a recovery would have added."""
     if archived is not None:
         return bool(archived.deliveries_count == s.deliveries and (
             archived.state == s.outcome.value
             or (s.outcome is Outcome.DEFER and archived.state == State.CANCELLED)))
-    if row is None or s.outcome in ARCHIVING:
+    if row is None:
+        # Deleted instead of archived (archive="failed"/"none"): gone is all it leaves. A
+        # later delivery's settle, after a recovery, would leave the same, so a result
+        # whose reply was lost may count as landed when it was stale: both ended the same.
+        return not s.keep and (s.outcome in ARCHIVING or s.outcome is Outcome.DEFER)
+    if s.outcome in ARCHIVING:
         return False
     if s.outcome is Outcome.DEFER:
         last = (_as_json(row.history) or [{}])[-1]

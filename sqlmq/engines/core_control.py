@@ -99,7 +99,7 @@ class ControlStatements:
                 continue  # stale: another delivery holds it now, or it ended
             if s.outcome is Outcome.CANCEL or flag:
                 await self._archive_cancelled(conn, s.id, s.deliveries, s.history,
-                                              s.error or "cancelled")
+                                              s.error or "cancelled", keep=s.keep)
             else:
                 due = (db_now_plus(literal(float(s.delay))) if s.at is None
                        else literal(s.at, m.c.next_attempt_at.type))
@@ -115,9 +115,13 @@ class ControlStatements:
 
     async def _archive_cancelled(self, conn: AsyncConnection, msg_id: int,
                                  deliveries: int | None, history: Any,
-                                 error: str = "cancelled") -> None:
-        """Move row ``msg_id`` to the archive as CANCELLED (locked by the caller)."""
+                                 error: str = "cancelled", keep: bool = True) -> None:
+        """Move row ``msg_id`` to the archive as CANCELLED (locked by the caller); with
+        ``keep`` False (the subscriber's ``archive=``), delete it instead."""
         m, a = self.schema.message, self.schema.archive
+        if not keep:
+            await conn.execute(delete(m).where(m.c.id == msg_id))
+            return
         src = select(
             m.c.id, m.c.queue, m.c.headers, m.c.payload, literal(State.CANCELLED.value),
             m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,

@@ -293,6 +293,8 @@ class MemoryStore:
 
     def _archive(self, row: Row, s: Settlement, now: datetime) -> None:
         self._remove(row)
+        if not s.keep:  # the subscriber's archive= deletes this one
+            return
         self.archive[row.id] = Archived(
             row.id, row.queue, row.headers, row.payload, s.outcome.value,
             row.attempts_count + int(s.attempted), row.deliveries_count, row.created_at,
@@ -427,8 +429,8 @@ def _move_back(row: Row, s: Settlement, now: datetime) -> None:
 def _shows(s: Settlement, row: Row | Archived | None) -> bool:
     """Whether ``row`` (the archive's, else the table's) is what settlement ``s`` leaves
     (see the SQL engines' ``landed``)."""
-    if row is None:
-        return False
+    if row is None:  # deleted instead of archived (archive=), as the SQL engines read it
+        return not s.keep and (s.outcome.archives or s.outcome is Outcome.DEFER)
     if isinstance(row, Archived):
         return row.deliveries_count == s.deliveries and (row.state == s.outcome.value or (
             s.outcome is Outcome.DEFER and row.state == State.CANCELLED))

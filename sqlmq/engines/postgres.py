@@ -421,11 +421,12 @@ def _settle_args(settlements: Sequence[Settlement]) -> tuple[str, ...]:
     """SETTLE's arguments: one array literal per column."""
     n = len(settlements)
     if all(s.outcome is Outcome.COMPLETE and s.error is None and s.history is None
-           and s.attempted for s in settlements):
+           and s.attempted and s.keep for s in settlements):
         # The common flush, every handler returned: the constant columns are built once.
         outcomes, errors, delays = _same(Outcome.COMPLETE.value, n), _same("NULL", n), \
             _same("0", n)
         refunds, attempts, histories = _same("0", n), _same("1", n), errors
+        keeps = attempts
     else:
         outcomes = _texts(s.outcome.value for s in settlements)
         errors = _texts(s.error for s in settlements)
@@ -434,8 +435,9 @@ def _settle_args(settlements: Sequence[Settlement]) -> tuple[str, ...]:
         attempts = _numbers(1 if s.attempted else 0 for s in settlements)
         histories = _texts(None if s.history is None else json.dumps(s.history)
                            for s in settlements)
+        keeps = _numbers(1 if s.keep else 0 for s in settlements)
     return (_numbers([s.id for s in settlements]), _numbers([s.deliveries for s in settlements]),
-            outcomes, errors, delays, refunds, attempts, histories)
+            outcomes, errors, delays, refunds, attempts, histories, keeps)
 
 
 def _numbers(values: Iterable[int | float]) -> str:

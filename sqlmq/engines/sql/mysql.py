@@ -148,7 +148,7 @@ GROUP_CONCAT_MAX_LEN = "SELECT @@group_concat_max_len"
 # ---- consuming: settle, one packet, one transaction -----------------------------------------
 #
 # The batch is one JSON value (see SqlEngine.settlement_json: id, deliveries, outcome, error,
-# delay, refund, attempted, history), put in a session variable once and opened by each
+# delay, refund, attempted, history, keep), put in a session variable once and opened by each
 # statement. The batch drives every join, by primary key (STRAIGHT_JOIN, FORCE INDEX): on a
 # small table the optimizer would rather scan it, locking rows that are not in the batch and
 # deadlocking with acquire.
@@ -167,7 +167,8 @@ WHERE m.state = 'PROCESSING'
 FOR UPDATE
 """
 
-# Copy the batch's COMPLETED, FAILED and EXPIRED rows to the archive.
+# Copy the batch's COMPLETED, FAILED and EXPIRED rows to the archive (those kept: the
+# subscriber's archive= setting; SETTLE_DELETE deletes them all).
 SETTLE_ARCHIVE = """
 INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
                  created_at, first_attempt_at, last_attempt_at, archived_at, error, history,
@@ -179,10 +180,11 @@ SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.atte
 FROM JSON_TABLE(@sqlmq_settle, '$[*]' COLUMNS (
     id BIGINT PATH '$[0]', deliveries INT PATH '$[1]', outcome VARCHAR(10) PATH '$[2]',
     error LONGTEXT PATH '$[3]', delay DOUBLE PATH '$[4]', refund INT PATH '$[5]',
-    attempt INT PATH '$[6]', history LONGTEXT PATH '$[7]'
+    attempt INT PATH '$[6]', history LONGTEXT PATH '$[7]', keep INT PATH '$[8]'
 )) AS i STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY)
     ON m.id = i.id AND m.deliveries_count = i.deliveries
 WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED')
+  AND i.keep = 1
 """
 
 # Delete the rows just archived.

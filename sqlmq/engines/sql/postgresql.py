@@ -235,7 +235,8 @@ WITH ready AS (
 # of both writes) and in id order, as EXTEND does: a flush and a lease renewal of the same
 # rows locking them in different orders deadlocked.
 # $1 ids, $2 deliveries, $3 outcomes, $4 errors, $5 delays, $6 refunds, $7 attempted,
-# $8 new histories (NULL: unchanged): array literals, one element per settlement.
+# $8 new histories (NULL: unchanged), $9 keep (0: delete instead of archiving, the
+# subscriber's archive= setting): array literals, one element per settlement.
 SETTLE = """
 WITH i AS (
     SELECT * FROM unnest(
@@ -243,8 +244,8 @@ WITH i AS (
         CAST(CAST($3 AS TEXT) AS TEXT[]), CAST(CAST($4 AS TEXT) AS TEXT[]),
         CAST(CAST($5 AS TEXT) AS DOUBLE PRECISION[]),
         CAST(CAST($6 AS TEXT) AS INTEGER[]), CAST(CAST($7 AS TEXT) AS INTEGER[]),
-        CAST(CAST($8 AS TEXT) AS TEXT[])
-    ) AS i(id, deliveries, outcome, error, delay, refund, attempt, history)
+        CAST(CAST($8 AS TEXT) AS TEXT[]), CAST(CAST($9 AS TEXT) AS INTEGER[])
+    ) AS i(id, deliveries, outcome, error, delay, refund, attempt, history, keep)
 ),
 locked AS MATERIALIZED (
     SELECT id FROM {m} WHERE id = ANY(CAST(CAST($1 AS TEXT) AS BIGINT[]))
@@ -256,7 +257,7 @@ done AS (
       AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED') AND (SELECT count(*) FROM locked) >= 0
     RETURNING m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
         m.created_at, m.first_attempt_at, m.last_attempt_at, m.history AS old_history,
-        m.priority, i.outcome, i.error, i.attempt, i.history AS new_history
+        m.priority, i.outcome, i.error, i.attempt, i.history AS new_history, i.keep
 ),
 archived AS (
     INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
@@ -266,7 +267,7 @@ archived AS (
            created_at, first_attempt_at,
            CASE WHEN attempt = 1 THEN now() ELSE last_attempt_at END, now(), error,
            COALESCE(CAST(new_history AS JSONB), old_history), priority
-    FROM done
+    FROM done WHERE keep = 1
     RETURNING id
 ),
 moved AS (
@@ -291,7 +292,8 @@ moved AS (
       AND i.outcome IN ('RETRY', 'RELEASE') AND (SELECT count(*) FROM locked) >= 0
     RETURNING m.id
 )
-SELECT id FROM archived UNION ALL SELECT id FROM moved
+SELECT id FROM archived UNION ALL SELECT id FROM done WHERE keep = 0
+UNION ALL SELECT id FROM moved
 """
 
 # Push the leases of held deliveries ($1 ids, $2 deliveries, sorted by id) to now + $3

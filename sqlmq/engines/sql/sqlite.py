@@ -144,14 +144,16 @@ RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created
 """
 
 # Settle, in one transaction. The batch :input is one JSON array of [id, deliveries,
-# outcome, error, delay, refund, attempted, history] per settlement (see
+# outcome, error, delay, refund, attempted, history, keep] per settlement (see
 # SqlEngine.settlement_json). Every statement is fenced on (id, deliveries, PROCESSING).
 
-# Copy the batch's COMPLETED, FAILED and EXPIRED rows to the archive.
+# Copy the batch's COMPLETED, FAILED and EXPIRED rows to the archive (those kept: the
+# subscriber's archive= setting; SETTLE_DELETE deletes them all).
 SETTLE_ARCHIVE = """
 WITH i AS (
     SELECT value->>0 AS id, value->>1 AS deliveries, value->>2 AS outcome, value->>3 AS error,
-           value->>4 AS delay, value->>5 AS refund, value->>6 AS attempt, value->>7 AS history
+           value->>4 AS delay, value->>5 AS refund, value->>6 AS attempt, value->>7 AS history,
+           value->>8 AS keep
     FROM json_each(:input)
 )
 INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
@@ -165,6 +167,7 @@ SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.atte
        m.priority
 FROM i JOIN {m} AS m ON m.id = i.id AND m.deliveries_count = i.deliveries
 WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED')
+  AND i.keep = 1
 """
 
 # Delete the rows just archived (BEGIN IMMEDIATE holds every other writer off, so these are
