@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .records import QueueStats
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 #: The rate windows, in seconds, and how they are shown.
 WINDOWS: dict[str, float] = {"1m": 60.0, "15m": 900.0, "1h": 3600.0}
+#: The counts of a :class:`~sqlmq.views.WindowCount` (and of a :class:`Bucket`).
+_COUNTED = ("completed", "failed", "cancelled", "expired", "retried")
 #: Latency percentiles are computed over at most this many of a queue's latest completed
 #: messages of the last hour: enough for a stable p99, bounded on a busy queue.
 LATENCY_SAMPLE = 10_000
@@ -68,6 +70,20 @@ class QueueDetail:
 
 
 @dataclass(frozen=True, slots=True)
+class Bucket:
+    """What left a queue between ``start`` and ``end`` (database time): one point of a
+    throughput chart."""
+
+    start: datetime
+    end: datetime
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    expired: int = 0
+    retried: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ArchivePage:
     items: list[MessageView]
     #: The query for the next page (None: this was the last).
@@ -99,6 +115,43 @@ class Insights:
         schedules = [s for s in await self.engine.schedules() if s.queue == name]
         return QueueDetail(overview, await self.engine.delivery_counts(name), channels,
                            schedules)
+
+    async def throughput(self, queue: str, *, span: float = 3600.0,
+                         step: float = 120.0) -> list[Bucket]:
+        """What left ``queue`` in each ``step`` seconds of the last ``span``, oldest first.
+
+        One statement whatever the number of buckets: the activity of nested windows
+        (``step``, ``2 * step``, ... ``span`` seconds back), differenced, so a chart of the
+        last hour costs one read of the archive's last hour, as :meth:`queues` does."""
+        count = round(span / step) if step > 0 else 0
+        if not 1 <= count <= 120:
+            raise ValueError(f"a throughput chart has 1 to 120 buckets, got {span}/{step}")
+        now = await self.engine.now()
+        windows = [step * k for k in range(1, count + 1)]
+        found = {w.window: w for w in await self.engine.archive_activity(windows)
+                 if w.queue == queue}
+        cumulative = [found.get(w, WindowCount(queue, w)) for w in windows]
+        buckets = []
+        for k in range(count - 1, -1, -1):  # oldest first
+            wide = cumulative[k]
+            narrow = cumulative[k - 1] if k else WindowCount(queue, 0.0)
+            buckets.append(Bucket(
+                now - timedelta(seconds=windows[k]),
+                now - timedelta(seconds=windows[k] - step),
+                *(getattr(wide, f) - getattr(narrow, f) for f in _COUNTED)))
+        return buckets
+
+    async def latency_percentiles(self, queue: str, points: int = 100) -> list[tuple[float,
+                                                                                   float]]:
+        """The latency distribution of ``queue``'s sample (see :attr:`QueueOverview.latency`)
+        as ``(percentile, seconds)`` pairs from 0 to 100, at most ``points + 1`` of them:
+        the whole curve, where the three percentiles show only three of its points."""
+        sample = sorted(await self.engine.latency_sample(queue, WINDOWS["1h"], LATENCY_SAMPLE))
+        if not sample:
+            return []
+        steps = min(points, len(sample))
+        return [(100.0 * i / steps, sample[max(0, math.ceil(i / steps * len(sample)) - 1)])
+                for i in range(steps + 1)]
 
     async def message(self, msg_id: int) -> MessageView | None:
         return await self.engine.message_view(int(msg_id))
@@ -139,5 +192,6 @@ def _after(query: ArchiveQuery, last: MessageView) -> ArchiveQuery:
     return replace(query, after=last.key)
 
 
-__all__ = ["LATENCY_SAMPLE", "WINDOWS", "ArchivePage", "Insights", "Latency", "QueueDetail",
+__all__ = ["LATENCY_SAMPLE", "WINDOWS", "ArchivePage", "Bucket", "Insights", "Latency",
+           "QueueDetail",
            "QueueOverview", "latency_of"]

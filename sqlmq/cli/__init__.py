@@ -19,6 +19,7 @@ from ..connect import safe_url
 from ..errors import ConfigurationError, PublishError, SqlmqError
 from .archive import dlq, purge
 from .common import DEFAULT_URL_ENV, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from .dashboard import dashboard
 from .messages import cancel, inspect, publish, queues, show
 from .operations import pause, resume, workers
 from .run import demo, migrate, worker
@@ -36,7 +37,7 @@ def cli(verbose: bool) -> None:
 
 
 for _command in (demo, migrate, worker, publish, queues, inspect, show, cancel, dlq, purge,
-                 pause, resume, workers, groups, channels, schedules):
+                 pause, resume, workers, groups, channels, schedules, dashboard):
     cli.add_command(_command)
 
 
