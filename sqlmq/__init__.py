@@ -24,6 +24,7 @@ from .errors import (
 )
 from .insights import ArchivePage, Insights, Latency, QueueDetail, QueueOverview
 from .lifecycle import AckPolicy, Archive, Outcome, State
+from .maintenance.retention import Retention
 from .message import Message
 from .metrics import PrometheusMetrics, serve_metrics
 from .middleware import CallNext, Middleware, MiddlewareError, PublishBatch, Settled
@@ -90,6 +91,7 @@ __all__ = [
     "QueueDetail",
     "QueueOverview",
     "QueueStats",
+    "Retention",
     "Retry",
     "RetryStrategy",
     "Schedule",

@@ -20,7 +20,7 @@ from .engines import engine_for
 from .engines.contract import Engine, WakeSource
 from .errors import ConfigurationError
 from .lifecycle import AckPolicy, Archive
-from .maintenance import Heartbeat, LeaseRecovery
+from .maintenance import LeaseRecovery
 from .middleware import Hooks
 from .operations import Operations
 from .publisher import Publisher
@@ -33,6 +33,7 @@ from .topics import subscription
 from .wakeups import Wakeups
 
 if TYPE_CHECKING:
+    from .maintenance import Retention
     from .metrics import PrometheusMetrics
 
 
@@ -47,7 +48,9 @@ class Broker(Publisher, Scheduling, Administration, Operations):
     outermost. ``metrics_port``: serve Prometheus metrics on ``metrics_host:metrics_port``
     while the broker runs (see :mod:`sqlmq.metrics`; 0 picks a free port).
     ``heartbeat_interval``: seconds between two heartbeats of its row in the live workers
-    registry while it runs subscribers (see :mod:`sqlmq.operations`).
+    registry while it runs subscribers (see :mod:`sqlmq.operations`). ``retention``: how
+    long the archive keeps completed and failed messages; the leader of the live workers
+    deletes the older ones (see :mod:`sqlmq.maintenance.retention`).
     """
 
     def __init__(
@@ -56,18 +59,13 @@ class Broker(Publisher, Scheduling, Administration, Operations):
         recovery_interval: float = 5.0, recovery_spread: float = 1.0,
         middleware: Iterable[object] = (), metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1", heartbeat_interval: float = 5.0,
+        retention: Retention | None = None,
     ) -> None:
         self.schema: Schema = build_schema(table_prefix)
         self.max_payload_bytes = max_payload_bytes
         self.recovery_interval = recovery_interval
         self.recovery_spread = recovery_spread
-        if isinstance(heartbeat_interval, bool) or not isinstance(
-                heartbeat_interval, int | float) or not 0 < heartbeat_interval < 3600:
-            raise ConfigurationError(f"heartbeat_interval must be a number of seconds above 0 "
-                                     f"and under an hour, got {heartbeat_interval!r}")
-        #: Seconds between two heartbeats of the workers registry while running.
-        self.heartbeat_interval = float(heartbeat_interval)
-        self._heartbeat: Heartbeat | None = None
+        self._registry_settings(heartbeat_interval, retention)
         self._engine: Engine = engine_for(target, self.schema)  # checks ``target``
         #: The database URL as the user gave it, with the password masked.
         self.url = safe_url(target)
@@ -233,10 +231,7 @@ class Broker(Publisher, Scheduling, Administration, Operations):
                                     self._hooks, self._dead_letters)
         self._runtimes.append(runtime)
         runtime.start()
-        if self._heartbeat is None:  # this broker now shows in the live workers registry
-            self._heartbeat = Heartbeat(self._engine, self.heartbeat_interval,
-                                        self._describe_workers)
-            self._heartbeat.start()
+        self._join_registry()  # this broker now shows in the live workers registry
         if self.listener is None:
             self.listener = self._engine.wake_source(self._wakeups.wake,
                                                      self._wakeups.wake_all)
@@ -258,9 +253,7 @@ class Broker(Publisher, Scheduling, Administration, Operations):
             self._recovery = None
         await asyncio.gather(*(r.stop(graceful_timeout) for r in self._runtimes))
         await self._dead_letters.drain()  # the hooks of the last results written
-        if self._heartbeat is not None:  # after the handlers: listed while they finish
-            await self._heartbeat.stop()
-            self._heartbeat = None
+        await self._leave_registry()  # after the handlers: listed while they finish
         self._runtimes.clear()
         self._wakeups.clear()
         self._started = False

@@ -27,13 +27,20 @@ one process (or in one test run) never collide. What is counted, by queue unless
 ``sqlmq_leases_lost_total``               leases found lost when renewing
 ``sqlmq_queue_messages``                  messages in the database by queue and ``state``
 ``sqlmq_queue_oldest_ready_seconds``      how long the oldest ready message has waited
+
+``sqlmq_leader``                          1 while this broker leads the live workers
 ========================================  =================================================
 
 The gauges of running and prefetched deliveries are read from the runtime when scraped.
 The queue gauges come from ``broker.stats()`` (the counts the insights layer's overview is
 made of) when scraped, at most every ``queue_depth_interval`` seconds (a scrape in between
-gets the last figures). They describe the whole database, not this process: with many
-workers, turn them on in one (``queue_depth=False`` elsewhere); sqlmq does not elect one.
+gets the last figures). They describe the whole database, not this process, so by default
+(``queue_depth="leader"``) only one process computes and serves them: the leader of the
+live workers (see :mod:`sqlmq.maintenance.heartbeat`), whose ``sqlmq_leader`` is 1. Sum or
+take the max over instances in queries (``max by (queue, state) (sqlmq_queue_messages)``):
+around a change of leader, two may serve them for one heartbeat interval.
+``queue_depth=True`` serves them from this process whatever it is (a broker that runs no
+subscribers, and so never leads); ``False`` never.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ConfigurationError
 from .lifecycle import Outcome
@@ -101,14 +108,18 @@ class PrometheusMetrics(Middleware):
     on ``host:port`` from the broker's start to its stop when ``port`` is given (0: a free
     port, read back from :attr:`port`). ``queue_depth``: also serve the queue gauges
     (read from the database, at most every ``queue_depth_interval`` seconds, waiting at
-    most ``queue_depth_timeout`` seconds for them)."""
+    most ``queue_depth_timeout`` seconds for them): ``"leader"`` while this broker leads
+    the live workers, ``True`` always, ``False`` never."""
 
     def __init__(self, *, port: int | None = None, host: str = "127.0.0.1",
-                 registry: Any = None, queue_depth: bool = True,
+                 registry: Any = None, queue_depth: bool | Literal["leader"] = "leader",
                  queue_depth_interval: float = 5.0, queue_depth_timeout: float = 5.0) -> None:
         pc = _prometheus()
         if port is not None and (not isinstance(port, int) or not 0 <= port <= 65535):
             raise ConfigurationError(f"metrics port must be from 0 to 65535, got {port!r}")
+        if queue_depth not in (True, False, "leader"):
+            raise ConfigurationError(f"queue_depth must be True, False or 'leader', got "
+                                     f"{queue_depth!r}")
         self.wanted_port = port
         self.host = host
         self.queue_depth = queue_depth
@@ -323,7 +334,12 @@ class _Collector:
             for label, value in sorted(values.items()):
                 family.add_metric([label], value)
             yield family
-        if not m.queue_depth:
+        leading = broker is not None and broker.leading
+        leader = GaugeMetricFamily("sqlmq_leader", "1 while this broker leads the live "
+                                   "workers (and serves the queue gauges)")
+        leader.add_metric([], 1 if leading else 0)
+        yield leader
+        if not m.queue_depth or (m.queue_depth == "leader" and not leading):
             return
         read = m.queue_stats()
         if read is None:

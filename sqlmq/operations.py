@@ -27,13 +27,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
+from .maintenance import ArchiveCleaner, Heartbeat, Retention
 from .records import PausedQueue, WorkerInfo
 from .subscriber import check_queue
 from .views import ARCHIVED_STATES, DEAD_STATES
 
 if TYPE_CHECKING:
     from .engines.contract import Engine
-    from .maintenance.heartbeat import Heartbeat
     from .runtime import SubscriberRuntime
     from .wakeups import Wakeups
 
@@ -46,6 +46,9 @@ class Operations:
         _wakeups: Wakeups
         _runtimes: list[SubscriberRuntime]
         _heartbeat: Heartbeat | None
+        _cleaner: ArchiveCleaner | None
+        heartbeat_interval: float
+        retention: Retention | None
 
     # ---- pause and resume --------------------------------------------------------------
 
@@ -125,6 +128,48 @@ class Operations:
         one that died without stopping is left out once it has missed its heartbeats (see
         :mod:`sqlmq.maintenance.heartbeat`)."""
         return await self._engine.workers()
+
+    def _registry_settings(self, heartbeat_interval: float,
+                           retention: Retention | None) -> None:
+        if isinstance(heartbeat_interval, bool) or not isinstance(
+                heartbeat_interval, int | float) or not 0 < heartbeat_interval < 3600:
+            raise ConfigurationError(f"heartbeat_interval must be a number of seconds above 0 "
+                                     f"and under an hour, got {heartbeat_interval!r}")
+        if retention is not None and not isinstance(retention, Retention):
+            raise ConfigurationError(f"retention must be a Retention, got {retention!r}")
+        #: Seconds between two heartbeats of the workers registry while running.
+        self.heartbeat_interval = float(heartbeat_interval)
+        #: How long the archive keeps what (None: for ever).
+        self.retention = retention
+        self._heartbeat = None
+        self._cleaner = None
+
+    def _join_registry(self) -> None:
+        """Start heartbeating in the live workers registry (once a subscriber runs), and
+        the duties its leader does for all (the archive's retention)."""
+        if self._heartbeat is not None:
+            return
+        self._heartbeat = Heartbeat(self._engine, self.heartbeat_interval,
+                                    self._describe_workers)
+        self._heartbeat.start()
+        if self.retention is not None:
+            self._cleaner = ArchiveCleaner(self._engine, self.retention, lambda: self.leading)
+            self._cleaner.start()
+
+    async def _leave_registry(self) -> None:
+        if self._cleaner is not None:
+            await self._cleaner.stop()
+            self._cleaner = None
+        if self._heartbeat is not None:
+            await self._heartbeat.stop()
+            self._heartbeat = None
+
+    @property
+    def leading(self) -> bool:
+        """Whether this broker leads the live workers (the one that started first), and so
+        does the duties one process does for all: the archive's retention and the
+        queue-depth gauges (see :mod:`sqlmq.maintenance.heartbeat`)."""
+        return self._heartbeat is not None and self._heartbeat.leading
 
     @property
     def worker_id(self) -> str | None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +23,7 @@ from sqlmq import Broker
 from sqlmq.records import NewMessage, NewMessages
 
 from .conftest import CliResult, drop_tables, rows, run_cli
+from .test_metrics import Samples, scrape, value
 
 SQLMQ = [sys.executable, "-m", "sqlmq.cli"]
 
@@ -155,13 +158,24 @@ async def test_worker_runs_subscribers_until_sigterm(
     try:
         await broker.migrate()
         ids = await broker.publish_batch("jobs", [{"n": n} for n in range(50)])
-        proc = subprocess.Popen([*SQLMQ, "worker", "cliapp:broker"], cwd=tmp_path,
+        port = _free_port()
+        proc = subprocess.Popen([*SQLMQ, "worker", "cliapp:broker", "--metrics-port",
+                                 str(port)], cwd=tmp_path,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if len(await rows(broker, "archive")) == 50:
                 break
             await asyncio.sleep(0.1)
+        # --metrics-port: the worker's own counts, and it leads (the only live worker)
+        samples: Samples = {}
+        while time.monotonic() < deadline and value(
+                samples, "sqlmq_messages_processed_total", queue="jobs") != 50:
+            with contextlib.suppress(OSError):
+                samples = await scrape(port)
+            await asyncio.sleep(0.1)
+        assert value(samples, "sqlmq_messages_processed_total", queue="jobs") == 50
+        assert value(samples, "sqlmq_leader") == 1
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
@@ -192,6 +206,12 @@ def test_missing_url_is_a_clear_error() -> None:
                           timeout=60)
     assert proc.returncode == 2
     assert "no database URL" in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_worker_refuses_something_that_is_not_a_broker(tmp_path: Path) -> None:

@@ -48,7 +48,12 @@ async def migrate(broker: Broker) -> int:
 @click.argument("app")
 @click.option("--graceful-timeout", type=click.FloatRange(min=0), default=None,
               help="seconds running handlers get to finish on SIGTERM")
-def worker(app: str, graceful_timeout: float | None) -> int:
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="serve Prometheus metrics on this port (0: a free one)")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="the address the metrics listen on")
+def worker(app: str, graceful_timeout: float | None, metrics_port: int | None,
+           metrics_host: str) -> int:
     """Run the subscribers and schedules of APP (module:broker, e.g. myapp.tasks:broker)
     until SIGINT/SIGTERM."""
     module_name, _, attr = app.partition(":")
@@ -65,6 +70,10 @@ def worker(app: str, graceful_timeout: float | None) -> int:
     if graceful_timeout is not None:
         for sub in broker.subscribers:
             sub.config.graceful_timeout = graceful_timeout
+    if metrics_port is not None:
+        from ..metrics import serve_metrics
+
+        serve_metrics(broker, metrics_port, metrics_host)  # logs the address once serving
 
     async def run() -> int:
         try:

@@ -1,9 +1,11 @@
 """Duties done for everyone, the processes taking turns: recovery of expired leases and
-periodic schedules (and, later, retention), and each running broker's heartbeat in the live
-workers registry. Each runs beside a broker's subscribers and uses the contract only."""
+periodic schedules, each running broker's heartbeat in the live workers registry, and the
+archive's retention (by the registry's leader). Each runs beside a broker's subscribers and
+uses the contract only."""
 
 from .heartbeat import Heartbeat
 from .periodic import Ticker
 from .recovery import LeaseRecovery
+from .retention import ArchiveCleaner, Retention
 
-__all__ = ["Heartbeat", "LeaseRecovery", "Ticker"]
+__all__ = ["ArchiveCleaner", "Heartbeat", "LeaseRecovery", "Retention", "Ticker"]

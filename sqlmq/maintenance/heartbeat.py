@@ -13,6 +13,15 @@ loaded host, a slow database) stays listed, and brokers beating at different int
 judge each other by the writer's interval. A database fault backs the loop off and is
 logged (with its traceback if it is not a database error); the loop never ends before
 :meth:`Heartbeat.stop`, and a task that ended anyway is logged.
+
+**Leading.** The registry also elects the process that does the duties one process does
+for all (the archive's retention, :mod:`sqlmq.maintenance.retention`; the queue-depth
+gauges of :mod:`sqlmq.metrics`): the live worker that started first (by ``started_at``,
+then id). Each beat reads the live rows and sets :attr:`Heartbeat.leading`. When the leader
+stops, its row goes at once and the next-oldest takes over at its next beat; when it dies,
+its row expires first (:data:`MISSED_BEATS` intervals). Two processes can both believe they
+lead only around such a change, for at most one interval, and both duties are safe to run
+twice (deleting expired archive rows; reading counts).
 """
 
 from __future__ import annotations
@@ -67,6 +76,8 @@ class Heartbeat:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.version = sqlmq_version()
+        #: Whether this broker leads the live workers (see the module), as of its last beat.
+        self.leading = False
         #: Beats written, and dead rows deleted by them.
         self.beats = 0
         self.swept = 0
@@ -95,6 +106,7 @@ class Heartbeat:
         if task is None:
             return
         self._stopping.set()
+        self.leading = False
         await asyncio.wait([task], timeout=STOP_TIMEOUT)
         await cancel_and_wait(task)
         try:
@@ -115,10 +127,18 @@ class Heartbeat:
         while not self._stopping.is_set():
             try:
                 swept = await self.engine.heartbeat(self.beat_now())
+                live = await self.engine.workers()
             except Exception as exc:
+                self.leading = False  # unsure of its own row: let another lead meanwhile
                 self._tried.set()
                 await backoff.failed(exc)
                 continue
+            first = min(live, key=lambda w: (w.started_at, w.id), default=None)
+            leading = first is not None and first.id == self.id and not self._stopping.is_set()
+            if leading != self.leading:
+                log.info("worker %s %s the live workers (it does the duties one process does "
+                         "for all)", self.id, "now leads" if leading else "no longer leads")
+            self.leading = leading
             backoff.succeeded()
             self.beats += 1
             self._tried.set()

@@ -1,0 +1,102 @@
+"""What one process does for all, on every engine: the live workers elect a leader (the one
+that started first), which alone serves the queue-depth gauges and runs the archive's
+retention; when it stops, the next takes over."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from sqlmq import Broker, ConfigurationError, Message, Retention, serve_metrics
+
+from .conftest import on_every_engine, rows, sibling, wait_until
+from .test_metrics import scrape, value
+from .test_repairs import _archive
+
+
+def _subscribe(broker: Broker) -> None:
+    @broker.subscriber("jobs", max_fetch_interval=0.05)
+    async def handle(msg: Message) -> None:
+        pass
+
+
+@on_every_engine
+async def test_only_the_leader_serves_the_queue_gauges_and_the_next_takes_over(
+    broker: Broker, db_url: str, prefix: str,
+) -> None:
+    other = sibling(broker, db_url, prefix, heartbeat_interval=0.1)
+    broker.heartbeat_interval = 0.1
+    first = serve_metrics(broker, 0, queue_depth_interval=0)
+    second = serve_metrics(other, 0, queue_depth_interval=0)
+    _subscribe(broker)
+    _subscribe(other)
+    await broker.publish("idle", {"n": 1})
+    await broker.start()
+    await other.start()
+    try:
+        assert broker.leading and not other.leading  # started first
+        assert first.port is not None and second.port is not None
+        mine, theirs = await scrape(first.port), await scrape(second.port)
+        assert (value(mine, "sqlmq_leader"), value(theirs, "sqlmq_leader")) == (1, 0)
+        assert value(mine, "sqlmq_queue_messages", queue="idle", state="pending") == 1
+        assert not any(name == "sqlmq_queue_messages" for name, _ in theirs)
+
+        await broker.stop()  # its row goes at once: the other leads at its next beat
+        await wait_until(lambda: other.leading, timeout=30, message="the other leads")
+        theirs = await scrape(second.port)
+        assert value(theirs, "sqlmq_leader") == 1
+        assert value(theirs, "sqlmq_queue_messages", queue="idle", state="pending") == 1
+    finally:
+        await broker.stop()
+        await other.stop()
+        await other.close()
+
+
+@on_every_engine
+async def test_the_leader_deletes_what_is_past_its_age_in_batches(
+    broker: Broker, db_url: str, prefix: str,
+) -> None:
+    now = await broker.engine.now()
+    old_done = await _archive(broker, "q", 25, "COMPLETED", now - timedelta(days=2), 1)
+    new_done = await _archive(broker, "q", 3, "COMPLETED", now, 100)
+    old_dead = await _archive(broker, "q", 4, "FAILED", now - timedelta(days=2), 200)
+    older_dead = await _archive(broker, "q", 5, "CANCELLED", now - timedelta(days=9), 300)
+    retention = Retention(completed=timedelta(days=1), failed=timedelta(days=7), every=0.05,
+                          batch=10, pause=0)
+    broker.retention = retention
+    broker.heartbeat_interval = 0.1
+    other = sibling(broker, db_url, prefix, retention=retention, heartbeat_interval=0.1)
+    _subscribe(broker)
+    _subscribe(other)
+    await broker.start()
+    await other.start()
+    try:
+        async def left() -> list[int]:
+            return sorted(r["id"] for r in await rows(broker, "archive"))
+
+        await wait_until(lambda: _done(left, new_done + old_dead), timeout=60,
+                         message="the expired rows deleted")
+        assert broker._cleaner is not None and other._cleaner is not None
+        assert broker._cleaner.deleted == len(old_done + older_dead)
+        assert other._cleaner.deleted == 0  # not the leader: it waited
+    finally:
+        await broker.stop()
+        await other.stop()
+        await other.close()
+
+
+async def _done(left, expected: list[int]) -> bool:  # type: ignore[no-untyped-def]
+    return await left() == sorted(expected)
+
+
+def test_retention_settings_are_checked() -> None:
+    for bad, reason in (({"completed": timedelta(days=-1)}, "of zero or more"),
+                        ({"failed": "7d"}, "must be a timedelta"),
+                        ({"batch": 0}, "batch must be 1 to 100000"),
+                        ({"every": 0}, "every must be above 0")):
+        with pytest.raises(ConfigurationError, match=reason):
+            Retention(**bad)  # type: ignore[arg-type]
+    assert Retention(completed=90).completed == timedelta(seconds=90)
+    with pytest.raises(ConfigurationError, match="must be a Retention"):
+        Broker("memory://", retention={"completed": 1})  # type: ignore[arg-type]
