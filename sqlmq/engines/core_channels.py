@@ -307,16 +307,13 @@ class ChannelStatements:
         rate, move their next start."""
         c, dialect = self.schema.channel, conn.dialect
         order = [n for n in plan if n in channels]
-        rank = {name: i for i, name in enumerate(order)}
-        plain = [name for name in order if plan[name][1].rate is None]
-        if plain:  # their place in the serving order breaks the tie of a shared served_at
+        if order:  # their place in the serving order breaks the tie of a shared served_at
             where, rank_of = placed(dialect, c.c.name, "names")
             await conn.execute(update(c).where(where).values(
-                served_at=_NOW, served_rank=rank_of), {"names": plain})
-        for name in sorted(channels - set(plain)):
+                served_at=_NOW, served_rank=rank_of), {"names": order})
+        for name in sorted(n for n in order if plan[n][1].rate is not None):
             _, settings, planned = plan[name]
             await conn.execute(update(c).where(c.c.name == name).values(
-                served_at=_NOW, served_rank=rank[name],
                 next_start_at=next_start(settings, planned, now)))
 
 

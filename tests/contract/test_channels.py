@@ -157,3 +157,22 @@ async def test_channel_messages_wait_for_their_delay_and_leave_plain_ones_alone(
     (d,) = await env.engine.acquire(["q"], 10, 30)
     assert d.id == later[0] and d.scheduled_at is not None
     assert d.scheduled_at >= d.created_at + timedelta(seconds=0.29)
+
+
+async def test_a_rate_channel_served_with_plain_ones_keeps_its_place_in_the_order(
+        env: Env) -> None:
+    """Channels served by one acquire go to the back in the order they were served,
+    whatever their settings: a rate channel served after a plain one is served after it
+    next time too (not by the tie of their names)."""
+    await env.engine.set_channel("a", "q", ChannelSettings(rate=1000.0))
+    (p1,) = await publish(env, "p")
+    assert ids(await env.engine.acquire(["q"], 1, 30)) == [p1]  # p served first …
+    await env.passes(0.01)
+    (a1,) = await publish(env, "a")
+    assert ids(await env.engine.acquire(["q"], 1, 30)) == [a1]  # … then a
+    await env.passes(0.01)
+    p2, a2 = (await publish(env, "p"))[0], (await publish(env, "a"))[0]
+    assert ids(await env.engine.acquire(["q"], 2, 30)) == [p2, a2]  # p, then a: together
+    await env.passes(0.01)
+    p3, _a3 = (await publish(env, "p"))[0], (await publish(env, "a"))[0]
+    assert ids(await env.engine.acquire(["q"], 1, 30)) == [p3]  # p was served before a
