@@ -183,8 +183,10 @@ def limit_statement(engine: Any, batch: int) -> str:
         f"array_fill(0, ARRAY[{n}])",
         f"array_fill(1, ARRAY[{n}])",
         f"array_fill(NULL::TEXT, ARRAY[{n}])",
+        f"array_fill(1, ARRAY[{n}])",  # keep: archive every row
     ])
-    last = "SELECT id FROM archived UNION ALL SELECT id FROM moved"
+    last = ("SELECT id FROM archived UNION ALL SELECT id FROM done WHERE keep = 0\n"
+            "UNION ALL SELECT id FROM moved")
     if last not in settle:
         raise RuntimeError("the settle statement changed shape; update bench/drain.py")
     settle = settle.replace(

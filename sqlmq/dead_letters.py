@@ -6,6 +6,11 @@ because another delivery owns the message, raises none), so a hook never hears o
 letter that is not in the archive. A hook may be a function or a coroutine function; a
 coroutine runs as its own task. A hook that raises is logged with its traceback and the
 others still run: a broken alert must not stop the runtime.
+
+Those hooks hear of this process's dead letters. On PostgreSQL the database also announces
+every dead letter, whichever process wrote it: the archiving statement sends a NOTIFY (see
+:mod:`sqlmq.engines.pg_notify`), which an engine's ``dead_letter_source`` hears as a
+:class:`DeadLetterNotice` (``sqlmq dlq watch`` follows it).
 """
 
 from __future__ import annotations
@@ -40,6 +45,18 @@ class DeadLetter:
 
 
 DeadLetterHook = Callable[[DeadLetter], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterNotice:
+    """What a database pushes of a dead letter archived by any process (PostgreSQL's
+    ``NOTIFY``, see :meth:`~sqlmq.engines.contract.Engine.dead_letter_source`): enough to
+    look it up, never its body. The message may be gone already (a subscriber that keeps
+    no dead letters, a requeue, a purge)."""
+
+    id: int
+    queue: str
+    state: str
 
 
 class DeadLetters:
@@ -90,4 +107,5 @@ def _name(hook: Any) -> str:
 #: What a runtime built without a broker reports to: the log line only.
 LOG_ONLY = DeadLetters()
 
-__all__ = ["DEAD_OUTCOMES", "LOG_ONLY", "DeadLetter", "DeadLetterHook", "DeadLetters"]
+__all__ = ["DEAD_OUTCOMES", "LOG_ONLY", "DeadLetter", "DeadLetterHook", "DeadLetterNotice",
+           "DeadLetters"]

@@ -144,6 +144,14 @@ def _v11(conn: Connection, schema: Schema) -> None:
                                checkfirst=True)
 
 
+def _v12(conn: Connection, schema: Schema) -> None:
+    """The archive's ``channel`` (NULL by default: no table is rewritten), so a requeued
+    message goes back to its channel."""
+    a = schema.archive
+    if "channel" not in {c["name"] for c in inspect(conn).get_columns(a.name)}:
+        conn.execute(AddColumn(a.c.channel))
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -160,7 +168,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
-    11: _v11}
+    11: _v11, 12: _v12}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

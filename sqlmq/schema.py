@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -325,6 +325,9 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("error", Text),
         Column("history", _json()),
         _priority(),
+        # schema version 12: the channel the message was published to (NULL: none), so a
+        # requeue puts it back under its channel's limits.
+        Column("channel", QueueName()),
         Index(f"ix_{a}_queue_archived", "queue", "archived_at"),
         Index(f"ix_{a}_state_archived", "state", "archived_at"),
     )

@@ -5,17 +5,19 @@ their errors (unknown queue or id, bad duration, bad JSON line)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
 import sys
 import threading
 
+import asyncpg
 import pytest
 
 from sqlmq import Broker, Message, Outcome, Settlement
 
-from .conftest import CliResult, rows, run_cli, wait_until
+from .conftest import PG_URL, CliResult, rows, run_cli, wait_until
 
 
 async def cli(*args: str) -> CliResult:
@@ -149,28 +151,96 @@ async def test_purge_older_than_a_duration(broker: Broker, where: list[str]) -> 
 
 
 async def test_dlq_watch_prints_new_dead_letters(broker: Broker, db_url: str,
-                                                 prefix: str) -> None:
-    """A real ``sqlmq dlq watch`` process sees a dead letter archived after it started."""
+                                                 prefix: str, db_kind: str) -> None:
+    """A real ``sqlmq dlq watch`` process sees a dead letter archived after it started, and
+    prints each once, though on PostgreSQL both its NOTIFY and a look at the archive (every
+    0.1 s here) find it."""
     await _dead(broker, "old", 1)  # archived before the watch: within its minute of margin
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sqlmq.cli", "dlq", "watch", "--url", db_url, "--prefix",
-        prefix, "--interval", "0.1", "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await _watch(db_url, prefix, "--interval", "0.1", "--json")
     try:
         assert proc.stderr is not None and proc.stdout is not None
-        started = await asyncio.wait_for(proc.stderr.readline(), 60)
-        assert b"watching" in started
+        started = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
+        assert "watching" in started
+        how = (f"following NOTIFY on channel {prefix}dead_message (and scanning every 0.1s)"
+               if db_kind == "postgresql" else "polling every 0.1s")
+        assert how in started, started
         (new,) = await _dead(broker, "jobs", 1, error="fresh")
         seen: dict[int, dict[str, object]] = {}
+        printed: list[int] = []
 
         async def read() -> bool:
             line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
             item = json.loads(line)
             seen[item["id"]] = item
+            printed.append(item["id"])
             return new in seen
 
         await wait_until(read, timeout=60)
         assert seen[new]["error"] == "fresh" and seen[new]["state"] == "FAILED"
+        more = await _dead(broker, "jobs", 3, error="more")
+        while not set(more) <= set(seen):
+            await read()
+        with contextlib.suppress(TimeoutError):  # ten more looks at the archive: nothing new
+            while True:
+                await asyncio.wait_for(read(), 1.0)
+        assert len(printed) == len(set(printed)), printed
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def _watch(db_url: str, prefix: str, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sqlmq.cli", "dlq", "watch", "--url", db_url, "--prefix",
+        prefix, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_dlq_watch_follows_the_notify_on_postgresql(broker: Broker, db_url: str,
+                                                          prefix: str) -> None:
+    """With a look at the archive once a minute, a fresh dead letter is printed within
+    seconds: the watch follows the dead-letter NOTIFY. One deleted instead of archived
+    (a subscriber's ``archive=``) is printed from the notification alone."""
+    proc = await _watch(db_url, prefix, "--interval", "60")
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        said: list[str] = []
+        while not any("listening on channel" in line for line in said):  # LISTEN is on
+            said.append((await asyncio.wait_for(proc.stderr.readline(), 60)).decode())
+        assert f"following NOTIFY on channel {prefix}dead_message" in said[0], said
+        assert f"listening on channel {prefix}dead_message" in said[-1], said
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        (failed,) = await _dead(broker, "jobs", 1, error="Traceback\n  ValueError: fresh")
+        line = (await asyncio.wait_for(proc.stdout.readline(), 10)).decode()
+        assert line.startswith(f"FAILED\t{failed}\tjobs\t"), line
+        assert line.rstrip().endswith("ValueError: fresh"), line
+        waiting = await broker.publish("later", {"n": 1}, delay=3600)
+        assert (await broker.cancel(waiting)).outcome == "cancelled"
+        line = (await asyncio.wait_for(proc.stdout.readline(), 10)).decode()
+        assert line.startswith(f"CANCELLED\t{waiting}\tlater\t"), line
+        await broker.publish("jobs", {"n": 2})
+        (gone,) = await broker.engine.acquire(["jobs"], 1, 30)
+        assert await broker.engine.settle([Settlement(gone.id, gone.deliveries, Outcome.FAIL,
+                                                      keep=False)]) == {gone.id}
+        line = (await asyncio.wait_for(proc.stdout.readline(), 10)).decode()
+        assert line == f"FAILED\t{gone.id}\tjobs\t(not in the archive)\n", line
+
+        # Its listening connection killed: logged, reconnected, and the archive looked at.
+        killer = await asyncpg.connect(PG_URL)
+        try:
+            assert await killer.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE query = $1", f'LISTEN "{prefix}dead_message"') == 1
+        finally:
+            await killer.close()
+        (after,) = await _dead(broker, "jobs", 1, error="after the kill")
+        while "again" not in said[-1]:
+            said.append((await asyncio.wait_for(proc.stderr.readline(), 30)).decode())
+        assert any("LISTEN on" in line and "failed" in line for line in said), said
+        line = (await asyncio.wait_for(proc.stdout.readline(), 10)).decode()
+        assert line.startswith(f"FAILED\t{after}\tjobs\t"), line
+        assert loop.time() - started < 50  # all before the next periodic look (60 s)
     finally:
         proc.terminate()
         await proc.wait()

@@ -140,7 +140,7 @@ async def test_acquire_and_settle_plans_do_not_depend_on_the_statistics_of_a_new
             "acquire above a floor": f"EXECUTE {names[engine._acquire_one]}"
                                      "('q1', 100, 30.0, '{0}', '{1795000000}')",
             "settle": f"EXECUTE {names[engine._settle]}('{{1}}', '{{1}}', '{{COMPLETED}}', "
-                      "'{NULL}', '{0}', '{0}', '{1}', '{NULL}')",
+                      "'{NULL}', '{0}', '{0}', '{1}', '{NULL}', '{1}')",
         }
         found: dict[str, Any] = {}
         for mode in ("auto", "force_generic_plan", "force_custom_plan"):

@@ -128,7 +128,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 11
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 12
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -235,7 +235,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 11
+        assert await broker.migrate() == SCHEMA_VERSION == 12
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -272,7 +272,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 11
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 12
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -280,6 +280,51 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
         assert await brokers[1].resume("q")
         assert [d.id for d in await brokers[1].engine.acquire(["q"], 10, 30)] == [kept]
         assert await brokers[0].migrate() == SCHEMA_VERSION  # and again: nothing to do
+    finally:
+        for b in brokers:
+            await b.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
+        db_url: str, prefix: str) -> None:
+    """A version-11 archive (no ``channel`` column) holding a dead letter: four brokers
+    migrate it at once; the column appears, the row is kept, and it requeues."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import text
+
+    brokers = [Broker(db_url, table_prefix=prefix) for _ in range(4)]
+    schema = brokers[0].schema
+    a = schema.archive
+    try:
+        async with brokers[0].db.begin() as conn:
+            await conn.run_sync(lambda c: schema.metadata.create_all(c))
+            await conn.execute(text(f"ALTER TABLE {a.name} DROP COLUMN channel"))
+            await conn.execute(schema.version.insert(), [
+                {"version": v, "applied_at": datetime.now(UTC)} for v in range(1, 12)])
+            now = datetime.now(UTC)
+            await conn.execute(text(
+                f"INSERT INTO {a.name} (id, queue, headers, payload, state, attempts_count, "
+                "deliveries_count, created_at, archived_at, priority) VALUES (7, 'q', '{}', "
+                ":p, 'FAILED', 1, 1, :t, :t, 0)"), {"p": b"dead", "t": now.replace(tzinfo=None)})
+        with pytest.raises(SchemaError, match="version 11"):
+            await brokers[0].check_schema()
+
+        async def columns() -> set[str]:
+            async with brokers[0].db.connect() as conn:
+                return {c["name"] for c in await conn.run_sync(
+                    lambda c: inspect(c).get_columns(a.name))}
+
+        assert "channel" not in await columns()
+        versions = await asyncio.gather(*(b.migrate() for b in brokers))
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 12
+        assert "channel" in await columns()
+        view = await brokers[0].insights().message(7)
+        assert view is not None and (view.state, view.channel, view.payload) == (
+            "FAILED", None, b"dead")
+        assert await brokers[1].requeue(ids=[7]) == 1
+        assert [d.id for d in await brokers[1].engine.acquire(["q"], 10, 30)] == [7]
     finally:
         for b in brokers:
             await b.close()

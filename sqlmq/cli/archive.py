@@ -10,7 +10,9 @@ from datetime import datetime, timedelta
 
 import click
 
+from ..backoff import Backoff
 from ..broker import Broker
+from ..dead_letters import DeadLetterNotice
 from ..errors import SqlmqError
 from ..lifecycle import State
 from ..records import QueueStats
@@ -157,35 +159,125 @@ _WATCH_MARGIN = timedelta(minutes=1)
 @json_option
 @database
 async def dlq_watch(broker: Broker, queue: str | None, interval: float, as_json: bool) -> int:
-    """Print each new dead letter (FAILED or CANCELLED) as it is archived, until Ctrl-C."""
+    """Print each new dead letter (FAILED or CANCELLED) as it is archived, until Ctrl-C.
+
+    On PostgreSQL it follows the dead-letter NOTIFY, printing each at once, and still looks
+    at the archive every --interval seconds and after every reconnect (a notification sent
+    while its connection was down is lost). Elsewhere it looks at the archive every
+    --interval seconds."""
     await broker.check_schema()
-    since = await broker.engine.now()
-    seen: dict[int, datetime] = {}  # printed, by archive time: forgotten past the margin
-    print(f"watching {broker.url} for dead letters (Ctrl-C stops)", file=sys.stderr)
-    while True:
+    watch = _Watch(broker, queue, as_json, await broker.engine.now())
+    # A notice of a dead letter, or None: the listening connection (re)connected.
+    events: asyncio.Queue[DeadLetterNotice | None] = asyncio.Queue()
+    source = broker.engine.dead_letter_source(events.put_nowait,
+                                              lambda: events.put_nowait(None))
+    how = (f"polling every {interval:g}s" if source is None else
+           f"following NOTIFY on channel {source.channel} (and scanning every {interval:g}s)")
+    print(f"watching {broker.url} for dead letters, {how} (Ctrl-C stops)", file=sys.stderr)
+    loop = asyncio.get_running_loop()
+    backoff = Backoff("dlq watch: reading the archive", base=0.5, cap=30.0)
+    getter: asyncio.Future[DeadLetterNotice | None] | None = None
+    if source is not None:
+        source.start()
+    try:
+        scan_at = loop.time()  # the first look at once
+        connects = reconnected = 0
+        while True:
+            notice: DeadLetterNotice | None = None
+            wait = scan_at - loop.time()
+            if wait > 0:
+                # one get() kept across timeouts, so that no event is lost to a cancel
+                getter = getter or asyncio.ensure_future(events.get())
+                await asyncio.wait([getter], timeout=wait)
+                if not getter.done():
+                    continue
+                notice, getter = getter.result(), None
+                if notice is None:  # (re)connected: look at the archive now
+                    reconnected += 1
+            try:
+                if notice is not None:
+                    await watch.notified(notice)
+                    continue
+                await watch.scan()
+            except Exception as exc:
+                # The archive is out of reach for now (a restart, a failover): said once,
+                # and looked at again until it answers; that look finds what was missed.
+                await backoff.failed(exc)
+                scan_at = loop.time()
+                continue
+            backoff.succeeded()
+            scan_at = loop.time() + interval
+            while reconnected and source is not None:
+                reconnected -= 1
+                connects += 1
+                print(f"listening on channel {source.channel}" + (
+                    " again; looked at the archive for what was missed" if connects > 1
+                    else ""), file=sys.stderr)
+                sys.stderr.flush()
+    finally:
+        if getter is not None:
+            getter.cancel()
+        if source is not None:
+            await source.stop()
+
+
+class _Watch:
+    """What ``dlq watch`` printed, and how it prints: each dead letter once, whether a
+    notification or a look at the archive found it first."""
+
+    def __init__(self, broker: Broker, queue: str | None, as_json: bool,
+                 since: datetime) -> None:
+        self.broker = broker
+        self.queue = queue
+        self.as_json = as_json
+        self.since = since  # the newest archive time printed (or the start)
+        self.seen: dict[int, datetime] = {}  # printed, by archive time: forgotten past the margin
+
+    async def scan(self) -> None:
         # A row archived by a transaction that began before ``since`` and committed after
         # it carries an earlier time: the margin catches those committed within a minute.
         # The rows since then are read newest first, page after page, printed oldest first.
-        frm = since - _WATCH_MARGIN
+        insights = self.broker.insights()
         fresh: list[MessageView] = []
-        page = await broker.insights().archive(ArchiveQuery(
-            queue=queue, states=DEAD_STATES, archived_from=frm, limit=1000))
+        page = await insights.archive(ArchiveQuery(
+            queue=self.queue, states=DEAD_STATES, archived_from=self.since - _WATCH_MARGIN,
+            limit=1000))
         while True:
-            fresh += [v for v in page.items if v.id not in seen]
+            fresh += [v for v in page.items if v.id not in self.seen]
             if page.next is None:
                 break
-            page = await broker.insights().archive(page.next)
+            page = await insights.archive(page.next)
         for v in reversed(fresh):
-            assert v.archived_at is not None
-            seen[v.id] = v.archived_at
-            since = max(since, v.archived_at)
-            if as_json:
-                print_json(v.to_json())
-            else:
-                print(f"{v.state}\t{_line(v)}")
-            sys.stdout.flush()
-        seen = {i: at for i, at in seen.items() if at >= since - _WATCH_MARGIN}
-        await asyncio.sleep(interval)
+            self._print(v)
+        self.seen = {i: at for i, at in self.seen.items() if at >= self.since - _WATCH_MARGIN}
+
+    async def notified(self, notice: DeadLetterNotice) -> None:
+        """A dead letter's notification: printed as a look at the archive would print it;
+        one the archive does not hold (a subscriber that keeps no dead letters, or requeued
+        or purged since) from the notification alone."""
+        if notice.id in self.seen or (self.queue is not None and notice.queue != self.queue):
+            return
+        view = await self.broker.insights().message(notice.id)
+        if view is not None and view.state in DEAD_STATES and view.archived_at is not None:
+            self._print(view)
+            return
+        self.seen[notice.id] = self.since
+        if self.as_json:
+            print_json({"id": notice.id, "queue": notice.queue, "state": notice.state,
+                        "archived_at": None, "in_archive": False})
+        else:
+            print(f"{notice.state}\t{notice.id}\t{notice.queue}\t(not in the archive)")
+        sys.stdout.flush()
+
+    def _print(self, v: MessageView) -> None:
+        assert v.archived_at is not None
+        self.seen[v.id] = v.archived_at
+        self.since = max(self.since, v.archived_at)
+        if self.as_json:
+            print_json(v.to_json())
+        else:
+            print(f"{v.state}\t{_line(v)}")
+        sys.stdout.flush()
 
 
 @click.command("purge")

@@ -28,13 +28,14 @@ from sqlalchemy.pool import Pool, QueuePool
 from sqlalchemy.sql import Executable
 
 from ..connect import READ_ONLY, create_async, create_sync, sync_url
+from ..dead_letters import DeadLetterNotice
 from ..errors import ConfigurationError
 from ..lifecycle import Outcome, State
 from ..migrate import MigrationLock, check_schema, migrate
 from ..records import NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
 from ..sqltime import db_now_plus
-from .contract import WakeSource
+from .contract import DeadLetterSource, WakeSource
 from .core_channels import ChannelAdmin, ChannelStatements, channel_flow
 from .core_control import ControlStatements
 from .core_insights import ArchiveInsights
@@ -241,6 +242,10 @@ class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements
                     on_all: Callable[[], None]) -> WakeSource | None:
         return None
 
+    def dead_letter_source(self, on_dead: Callable[[DeadLetterNotice], None],
+                           on_connect: Callable[[], None]) -> DeadLetterSource | None:
+        return None  # PostgreSQL's NOTIFY; elsewhere the archive is polled
+
     async def publish_leased(self, message: NewMessage, lease: float) -> NoReturn:
         raise NotImplementedError(f"{type(self).__name__} does not hand publishes over")
 
@@ -344,6 +349,14 @@ class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements
         NOTIFY); None where they notice commits by themselves."""
         return None
 
+    def _dead_letter_statement(self, msg_id: int, deliveries: int | None,
+                               state: str) -> Executable | None:
+        """What the Core statements that archive message ``msg_id`` as ``state`` (a dead
+        letter: CANCELLED) run first, in their transaction, while its row is still in the
+        table and locked (and has delivery ``deliveries``, if given): PostgreSQL's NOTIFY on
+        the dead-letter channel; None where nothing is pushed."""
+        return None
+
     @staticmethod
     def settlement_json(settlements: Sequence[Settlement]) -> str:
         """The batch as one JSON array parameter (for JSON_TABLE / json_each)."""
@@ -423,7 +436,7 @@ class ArchiveAndStatsMixin:
         self, *, queue: str | None = None, ids: Sequence[int] | None = None,
         state: str = State.FAILED.value, limit: int | None = None,
     ) -> int:
-        from sqlalchemy import delete, select
+        from sqlalchemy import case, delete, select
 
         a, m = self.schema.archive, self.schema.message
         where = self._archive_filter(queue, ids, state, None)
@@ -440,16 +453,20 @@ class ArchiveAndStatsMixin:
             moved = 0
             for start in range(0, len(picked), 500):
                 chunk = picked[start : start + 500]
+                # A channel's message waits as one again: due by channel_due_at, its
+                # next_attempt_at NULL (see sqlmq.channels).
+                now = db_now_plus(literal(0.0))
                 src = select(
                     a.c.id, a.c.queue, a.c.headers, a.c.payload, literal(State.PENDING.value),
-                    literal(0), literal(0), a.c.created_at, db_now_plus(literal(0.0)),
-                    a.c.error, a.c.history, a.c.priority,
+                    literal(0), literal(0), a.c.created_at,
+                    case((a.c.channel.is_(None), now)), a.c.error, a.c.history, a.c.priority,
+                    a.c.channel, case((a.c.channel.is_not(None), now)),
                 ).where(a.c.id.in_(chunk))
                 await conn.execute(
                     insert(m).from_select(
                         ["id", "queue", "headers", "payload", "state", "attempts_count",
                          "deliveries_count", "created_at", "next_attempt_at", "last_error",
-                         "history", "priority"],
+                         "history", "priority", "channel", "channel_due_at"],
                         src,
                     )
                 )

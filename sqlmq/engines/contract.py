@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..channels import ChannelInfo, ChannelSettings
+from ..dead_letters import DeadLetterNotice
 from ..lifecycle import State
 from ..records import Cancellation, Delivery, NewMessage, NewMessages, QueueStats, Settlement
 from ..schedules import Schedule, ScheduleInfo
@@ -36,6 +37,20 @@ if TYPE_CHECKING:
 
 class WakeSource(Protocol):
     """A push notification of new messages (PostgreSQL's LISTEN), started by the broker."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class DeadLetterSource(Protocol):
+    """A push notice of every dead letter, whichever process archived it (PostgreSQL's
+    LISTEN on :attr:`channel`), started and stopped by its user (``sqlmq dlq watch``).
+    Notices sent while it is not connected are lost: its ``on_connect`` callback runs after
+    every (re)connect, when the user looks at the archive for what it missed."""
+
+    #: Where the notices come from (the NOTIFY channel), for the user's messages.
+    channel: str
 
     def start(self) -> None: ...
 
@@ -195,6 +210,15 @@ class Engine(OperationsContract, Protocol):
         """A source of push wake-ups for this process's subscribers, or None."""
         ...
 
+    def dead_letter_source(
+        self, on_dead: Callable[[DeadLetterNotice], None], on_connect: Callable[[], None],
+    ) -> DeadLetterSource | None:
+        """A source of push notices of dead letters (every message archived FAILED or
+        CANCELLED, or deleted so by a subscriber that does not keep it), sent when the
+        archiving transaction commits; None where the database has none (poll the
+        archive)."""
+        ...
+
     # ---- maintenance and insights ------------------------------------------------------------
 
     async def recover_expired(self, limit: int, spread: float = 0.0) -> list[int]:
@@ -244,4 +268,4 @@ class Engine(OperationsContract, Protocol):
         ...
 
 
-__all__ = ["Engine", "WakeSource"]
+__all__ = ["DeadLetterSource", "Engine", "WakeSource"]

@@ -14,6 +14,10 @@ CANCELLED in that transaction, a running one is flagged (``cancel_requested``), 
 runtime reads when it renews leases and every acquire returns (a flagged message that went
 back to waiting is archived CANCELLED without running; see
 :func:`sqlmq.lifecycle.unrunnable`).
+
+Every archiving here goes through ``_archive_cancelled``, which first runs the engine's
+dead-letter statement (``_dead_letter_statement``: PostgreSQL's NOTIFY, None elsewhere) in
+the same transaction: a cancellation rolled back, or fenced out, announces nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import case, delete, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Executable
 
 from ..lifecycle import Outcome, Settlement, State, append_history, history_entry
 from ..records import Cancellation
@@ -46,6 +51,9 @@ class ControlStatements:
     LOCK_FOR_REQUEUE: bool
     #: The engine's transaction runner (settle_onward's, PostgreSQL's retrying one).
     _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
+    #: The engine's dead-letter NOTIFY of a row it archives, or None (see
+    #: :meth:`~.base.SqlEngine._dead_letter_statement`).
+    _dead_letter_statement: Callable[[int, int | None, str], Executable | None]
 
     async def cancel(self, msg_id: int) -> Cancellation:
         m, a = self.schema.message, self.schema.archive
@@ -117,8 +125,13 @@ class ControlStatements:
                                  deliveries: int | None, history: Any,
                                  error: str = "cancelled", keep: bool = True) -> None:
         """Move row ``msg_id`` to the archive as CANCELLED (locked by the caller); with
-        ``keep`` False (the subscriber's ``archive=``), delete it instead."""
+        ``keep`` False (the subscriber's ``archive=``), delete it instead. Either way it is a
+        dead letter: the engine's NOTIFY of it (PostgreSQL) goes first, in this transaction,
+        while the row is still there to name its queue."""
         m, a = self.schema.message, self.schema.archive
+        notify = self._dead_letter_statement(msg_id, deliveries, State.CANCELLED.value)
+        if notify is not None:
+            await conn.execute(notify)
         if not keep:
             await conn.execute(delete(m).where(m.c.id == msg_id))
             return
@@ -127,14 +140,14 @@ class ControlStatements:
             m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
             m.c.last_attempt_at, _NOW, literal(error),
             literal(history, m.c.history.type) if history is not None else m.c.history,
-            m.c.priority,
+            m.c.priority, m.c.channel,
         ).where(m.c.id == msg_id)
         if deliveries is not None:
             src = src.where(m.c.deliveries_count == deliveries)
         await conn.execute(insert(a).from_select(
             ["id", "queue", "headers", "payload", "state", "attempts_count",
              "deliveries_count", "created_at", "first_attempt_at", "last_attempt_at",
-             "archived_at", "error", "history", "priority"], src))
+             "archived_at", "error", "history", "priority", "channel"], src))
         await conn.execute(delete(m).where(m.c.id == msg_id))
 
 

@@ -116,7 +116,7 @@ class ArchiveInsights:
 def _archived(r: Any) -> MessageView:
     return MessageView(r.id, r.queue, r.state, _headers(r.headers), _payload(r.payload),
                        r.priority, r.attempts_count, r.deliveries_count, r.created_at,
-                       r.archived_at, None, None, r.error, _history(r.history))
+                       r.archived_at, None, None, r.error, _history(r.history), r.channel)
 
 
 def _headers(value: Any) -> dict[str, str]:

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from ..channels import ChannelInfo, ChannelSettings
 from ..commit_hooks import on_commit
+from ..dead_letters import DeadLetterNotice
 from ..errors import PublishError
 from ..lifecycle import Outcome, State
 from ..records import (
@@ -115,6 +116,7 @@ class Archived:
     error: str | None
     history: list[dict[str, Any]] | None
     priority: int = 0
+    channel: str | None = None
 
 
 def ready_key(row: Row) -> tuple[Any, ...]:
@@ -300,6 +302,7 @@ class MemoryStore:
             row.attempts_count + int(s.attempted), row.deliveries_count, row.created_at,
             row.first_attempt_at, now if s.attempted else row.last_attempt_at, now, s.error,
             _copy(s.history) if s.history is not None else row.history, row.priority,
+            row.channel,
         )
 
     def extend(self, leases: Sequence[tuple[int, int]], seconds: float,
@@ -341,12 +344,14 @@ class MemoryStore:
                 and (before is None or a.archived_at < before)]
 
     def requeue(self, found: list[Archived], now: datetime) -> int:
-        """Back to the table as fresh PENDING messages, keeping id, creation, error, history
-        and priority."""
+        """Back to the table as fresh PENDING messages, keeping id, creation, error, history,
+        priority and channel (a channel's message waits as one again)."""
         for a in found:
             del self.archive[a.id]
-            self.add([Row(a.id, a.queue, a.headers, a.payload, a.created_at, now,
-                          last_error=a.error, history=a.history, priority=a.priority)])
+            self.add([Row(a.id, a.queue, a.headers, a.payload, a.created_at,
+                          now if a.channel is None else None, last_error=a.error,
+                          history=a.history, priority=a.priority, channel=a.channel,
+                          channel_due_at=None if a.channel is None else now)])
         return len(found)
 
     def purge(self, found: list[Archived]) -> int:
@@ -649,6 +654,10 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):
     def wake_source(self, on_queue: Callable[[str], None],
                     on_all: Callable[[], None]) -> None:
         return None  # publishes in this process wake subscribers through the broker
+
+    def dead_letter_source(self, on_dead: Callable[[DeadLetterNotice], None],
+                           on_connect: Callable[[], None]) -> None:
+        return None  # the broker's on_dead_letter hooks hear of this process's dead letters
 
     # ---- maintenance and insights -------------------------------------------------------
 

@@ -83,7 +83,7 @@ def _matches(a: Any, q: ArchiveQuery) -> bool:
 def _archived(a: Any) -> MessageView:
     return MessageView(a.id, a.queue, a.state, dict(a.headers), a.payload, a.priority,
                        a.attempts_count, a.deliveries_count, a.created_at, a.archived_at,
-                       None, None, a.error, _entries(a.history))
+                       None, None, a.error, _entries(a.history), a.channel)
 
 
 def _entries(history: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

@@ -1,5 +1,8 @@
 """PostgreSQL wake-ups: publishing sends ``NOTIFY``, subscribers ``LISTEN`` and fetch at once
-(the engine's :meth:`~sqlmq.engines.postgres.PostgresEngine.wake_source`).
+(the engine's :meth:`~sqlmq.engines.postgres.PostgresEngine.wake_source`); and dead letters:
+every message archived FAILED or CANCELLED sends one ``NOTIFY`` on a channel of its own,
+which ``sqlmq dlq watch`` follows (:class:`DeadLetterListener`, the engine's
+:meth:`~sqlmq.engines.postgres.PostgresEngine.dead_letter_source`).
 
 A notification carries only the queue's name, never message content, and is sent by the
 publishing statement itself, so it fires when that transaction commits (on sqlmq's
@@ -9,12 +12,20 @@ notifications of one transaction into one.
 Notifications are a shortcut, not a guarantee: one can be missed while the listening
 connection is down, so subscribers keep polling as the safety net, and every (re)connect
 wakes them all once to pick up whatever was published in the gap.
+
+A dead letter's notification is sent by the statement that archives it (the settle of a
+FAILED result, the archiving of a cancelled message), so it too is delivered when that
+transaction commits, never on rollback, and never for a stale result (which writes nothing).
+Its payload is small JSON text, ``{"id": 7, "queue": "orders", "state": "FAILED"}``, never
+the message's body; a message deleted instead of archived (a subscriber's ``archive=``)
+notifies too: it is a dead letter, only not kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +33,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..backoff import Backoff
-from ..schema import Schema
+from ..dead_letters import DeadLetterNotice
+from ..schema import MAX_QUEUE_NAME, Schema
 from ..tasks import cancel_and_wait
 from .pg_errors import connection_lost
 
@@ -32,9 +44,38 @@ log = logging.getLogger("sqlmq")
 HEALTH_INTERVAL = 10.0
 
 
+#: PostgreSQL refuses a notification whose payload is 8000 bytes or more.
+NOTIFY_PAYLOAD_LIMIT = 8000
+
+#: The longest dead-letter payload, in bytes: ``json_build_object`` writes a control
+#: character of the queue's name as ``\u00XX`` (6 bytes), any other as itself (at most 4
+#: bytes of UTF-8), and a queue name has at most MAX_QUEUE_NAME characters. The rest is
+#: the keys, the longest id and the longest state.
+DEAD_LETTER_PAYLOAD_MOST = len('{"id" : -9223372036854775808, "queue" : "", '
+                               '"state" : "CANCELLED"}') + 6 * MAX_QUEUE_NAME
+assert DEAD_LETTER_PAYLOAD_MOST < NOTIFY_PAYLOAD_LIMIT, "a dead letter's NOTIFY could fail"
+
+
 def channel_for(schema: Schema) -> str:
     """The NOTIFY channel of one table prefix: brokers on other prefixes never wake."""
     return f"{schema.prefix}queue"
+
+
+def dead_letter_channel(schema: Schema) -> str:
+    """The NOTIFY channel of one table prefix's dead letters (at most 42 characters, within
+    PostgreSQL's 63 for an identifier: a prefix has at most 30)."""
+    return f"{schema.prefix}dead_message"
+
+
+def dead_letter_notice(payload: str) -> DeadLetterNotice:
+    """A dead letter's notification payload (see the module's notes) as a notice; ValueError
+    if it is not one."""
+    try:
+        found = json.loads(payload)
+        notice = DeadLetterNotice(int(found["id"]), str(found["queue"]), str(found["state"]))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"not a dead letter's notification: {payload[:200]!r}") from exc
+    return notice
 
 
 class Listener:
@@ -111,3 +152,23 @@ class Listener:
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         self.on_queue(payload)
+
+
+class DeadLetterListener(Listener):
+    """The LISTEN connection on a prefix's dead-letter channel: ``on_dead(notice)`` for each
+    notification, ``on_connect()`` after every (re)connect (a notification sent while the
+    connection was down is lost: look at the archive then). A payload that is not a dead
+    letter's, or a callback that raises, is logged and the listener goes on; a lost
+    connection is logged once and reconnected with backoff, as for wake-ups."""
+
+    def __init__(self, db: AsyncEngine, channel: str,
+                 on_dead: Callable[[DeadLetterNotice], None],
+                 on_connect: Callable[[], None]) -> None:
+        super().__init__(db, channel, self._payload, on_connect)
+        self.on_dead = on_dead
+
+    def _payload(self, payload: str) -> None:
+        try:
+            self.on_dead(dead_letter_notice(payload))
+        except Exception:
+            log.exception("a dead-letter notification on %s could not be handled", self.channel)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import func, literal, literal_column, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
 from ..backoff import describe
+from ..dead_letters import DeadLetterNotice
 from ..errors import PublishOutcomeUnknown
 from ..lifecycle import Outcome
 from ..records import Delivery, NewMessages, Settlement
@@ -32,11 +33,11 @@ from .base import (
     discard,
     driver_connection,
 )
-from .contract import WakeSource
+from .contract import DeadLetterSource, WakeSource
 from .paramstyles import DriverStatement, for_paramstyle
 from .pg_errors import connection_lost, deadlock_detected, from_driver, never_sent
 from .pg_floors import ReadyFloors
-from .pg_notify import Listener, channel_for
+from .pg_notify import DeadLetterListener, Listener, channel_for, dead_letter_channel
 from .pg_publish import PG_COPY_COLUMNS, PG_COPY_MIN, insert_args, pg_copy_args, pg_copy_data
 from .rows import (
     BatchHeaders,
@@ -217,8 +218,11 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        names = self.names
         self.channel = channel_for(self.schema)  # NOTIFY's channel, one per table prefix
+        #: The channel of the prefix's dead letters (see :mod:`.pg_notify`): a literal in
+        #: SETTLE (a prefix is letters, digits and underscores: nothing to escape).
+        self.dead_channel = dead_letter_channel(self.schema)
+        self.names = names = {**self.names, "dead_channel": f"'{self.dead_channel}'"}
         self._acquire_one = render(sql.ACQUIRE_ABOVE_FLOORS, names)
         self._sweep_below = render(sql.SWEEP_BELOW_FLOORS, names)
         #: What earlier acquires of each queue proved taken (see :mod:`.pg_floors`).
@@ -311,6 +315,25 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
                     on_all: Callable[[], None]) -> WakeSource | None:
         """The LISTEN connection on this prefix's channel, which every publish notifies."""
         return Listener(self.db, self.channel, on_queue, on_all)
+
+    def _dead_letter_statement(self, msg_id: int, deliveries: int | None,
+                               state: str) -> Executable | None:
+        """The dead-letter NOTIFY of row ``msg_id`` about to be archived as ``state``, with
+        SETTLE's payload (:data:`~.sql.postgresql.DEAD_LETTER_PAYLOAD`), delivered when the
+        archiving transaction commits."""
+        m = self.schema.message
+        row = select(m.c.id, m.c.queue, literal(state).label("outcome")).where(m.c.id == msg_id)
+        if deliveries is not None:
+            row = row.where(m.c.deliveries_count == deliveries)
+        return select(func.pg_notify(self.dead_channel,
+                                     literal_column(sql.DEAD_LETTER_PAYLOAD))).select_from(
+            row.subquery("dead"))
+
+    def dead_letter_source(self, on_dead: Callable[[DeadLetterNotice], None],
+                           on_connect: Callable[[], None]) -> DeadLetterSource | None:
+        """The LISTEN connection on this prefix's dead-letter channel, which every message
+        archived FAILED or CANCELLED notifies."""
+        return DeadLetterListener(self.db, self.dead_channel, on_dead, on_connect)
 
     # ---- consuming -----------------------------------------------------------------------
 

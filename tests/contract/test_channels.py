@@ -176,3 +176,26 @@ async def test_a_rate_channel_served_with_plain_ones_keeps_its_place_in_the_orde
     await env.passes(0.01)
     p3, _a3 = (await publish(env, "p"))[0], (await publish(env, "a"))[0]
     assert ids(await env.engine.acquire(["q"], 1, 30)) == [p3]  # p was served before a
+
+
+async def test_a_requeued_dead_letter_goes_back_under_its_channels_limit(env: Env) -> None:
+    """The archive keeps the channel (schema version 12): a failed or cancelled message
+    requeued waits as a channel message again, held to its channel's max_concurrency."""
+    await env.engine.set_channel("one", "q", ChannelSettings(max_concurrency=1))
+    first, second, third = await publish(env, "one", 3)
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.settle([Settlement(d.id, 1, Outcome.FAIL, error="x")]) == {first}
+    assert (await env.engine.cancel(third)).outcome == "cancelled"
+    view = await env.engine.message_view(first)
+    assert view is not None and (view.state, view.channel) == ("FAILED", "one")
+    assert await env.engine.requeue_archived(ids=[first]) == 1
+    assert await env.engine.requeue_archived(ids=[third], state="CANCELLED") == 1
+    back = await env.engine.message_view(first)
+    assert back is not None and (back.state, back.channel) == ("PENDING", "one")
+    (running,) = await env.engine.acquire(["q"], 10, 30)  # one at a time, as before
+    assert running.id == second
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert await env.engine.settle([done(running)]) == {second}
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [first]
+    (info,) = [c for c in await env.engine.channels() if c.name == "one"]
+    assert (info.waiting, info.running) == (1, 1)

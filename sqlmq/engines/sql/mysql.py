@@ -172,11 +172,11 @@ FOR UPDATE
 SETTLE_ARCHIVE = """
 INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
                  created_at, first_attempt_at, last_attempt_at, archived_at, error, history,
-                 priority)
+                 priority, channel)
 SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.attempt,
        m.deliveries_count, m.created_at, m.first_attempt_at,
        CASE WHEN i.attempt = 1 THEN UTC_TIMESTAMP(6) ELSE m.last_attempt_at END,
-       UTC_TIMESTAMP(6), i.error, COALESCE(i.history, m.history), m.priority
+       UTC_TIMESTAMP(6), i.error, COALESCE(i.history, m.history), m.priority, m.channel
 FROM JSON_TABLE(@sqlmq_settle, '$[*]' COLUMNS (
     id BIGINT PATH '$[0]', deliveries INT PATH '$[1]', outcome VARCHAR(10) PATH '$[2]',
     error LONGTEXT PATH '$[3]', delay DOUBLE PATH '$[4]', refund INT PATH '$[5]',

@@ -69,6 +69,16 @@ SELECT now(), COALESCE(CAST($2 AS TIMESTAMPTZ),
                 now() + CAST($7 AS DOUBLE PRECISION) * INTERVAL '1 second')
 """
 
+# ---- dead letters ----------------------------------------------------------------------------
+
+# The payload of a dead letter's NOTIFY, as an expression over a row with ``id``, ``queue``
+# and ``outcome`` (its state): JSON text, ``{"id" : 7, "queue" : "orders", "state" :
+# "FAILED"}``, never the body, so it stays far below PostgreSQL's 8000 bytes (see
+# DEAD_LETTER_PAYLOAD_MOST in sqlmq.engines.pg_notify). SETTLE sends it for its FAILED rows;
+# sqlmq.engines.postgres (_dead_letter_statement) sends it, over a Core subquery with those
+# three columns, for a row core_control archives CANCELLED.
+DEAD_LETTER_PAYLOAD = "CAST(json_build_object('id', id, 'queue', queue, 'state', outcome) AS TEXT)"
+
 # ---- consuming -------------------------------------------------------------------------------
 
 # The write every acquire ends with: the rows of ``ready`` (id, next_attempt_at) leased for $3
@@ -237,6 +247,13 @@ WITH ready AS (
 # $1 ids, $2 deliveries, $3 outcomes, $4 errors, $5 delays, $6 refunds, $7 attempted,
 # $8 new histories (NULL: unchanged), $9 keep (0: delete instead of archiving, the
 # subscriber's archive= setting): array literals, one element per settlement.
+# ``dead`` sends the dead-letter NOTIFY of each FAILED row that landed (kept or deleted
+# alike: a dead letter either way; see sqlmq.engines.pg_notify) on channel {dead_channel}
+# (a literal, filled in by the engine): in this transaction, so it is delivered at the
+# COMMIT and never for a stale result, which ``done`` does not hold. A CTE that no one reads
+# is not run, so ``archived`` reads its count, as a one-time filter (an InitPlan run once,
+# before the INSERT's first row, whatever the batch). For a batch without FAILED rows that is
+# one more pass over the rows ``done`` already holds in memory, no NOTIFY.
 SETTLE = """
 WITH i AS (
     SELECT * FROM unnest(
@@ -257,17 +274,21 @@ done AS (
       AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED') AND (SELECT count(*) FROM locked) >= 0
     RETURNING m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
         m.created_at, m.first_attempt_at, m.last_attempt_at, m.history AS old_history,
-        m.priority, i.outcome, i.error, i.attempt, i.history AS new_history, i.keep
+        m.priority, m.channel, i.outcome, i.error, i.attempt, i.history AS new_history, i.keep
+),
+dead AS MATERIALIZED (
+    SELECT pg_notify({dead_channel}, """ + DEAD_LETTER_PAYLOAD + """)
+    FROM done WHERE outcome = 'FAILED'
 ),
 archived AS (
     INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
                      created_at, first_attempt_at, last_attempt_at, archived_at, error, history,
-                     priority)
+                     priority, channel)
     SELECT id, queue, headers, payload, outcome, attempts_count + attempt, deliveries_count,
            created_at, first_attempt_at,
            CASE WHEN attempt = 1 THEN now() ELSE last_attempt_at END, now(), error,
-           COALESCE(CAST(new_history AS JSONB), old_history), priority
-    FROM done WHERE keep = 1
+           COALESCE(CAST(new_history AS JSONB), old_history), priority, channel
+    FROM done WHERE keep = 1 AND (SELECT count(*) FROM dead) >= 0
     RETURNING id
 ),
 moved AS (

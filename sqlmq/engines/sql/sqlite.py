@@ -158,13 +158,13 @@ WITH i AS (
 )
 INSERT INTO {a} (id, queue, headers, payload, state, attempts_count, deliveries_count,
                  created_at, first_attempt_at, last_attempt_at, archived_at, error, history,
-                 priority)
+                 priority, channel)
 SELECT m.id, m.queue, m.headers, m.payload, i.outcome, m.attempts_count + i.attempt,
        m.deliveries_count, m.created_at, m.first_attempt_at,
        CASE WHEN i.attempt = 1 THEN (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
             ELSE m.last_attempt_at END,
        (strftime('%Y-%m-%d %H:%M:%f','now')||'000'), i.error, COALESCE(i.history, m.history),
-       m.priority
+       m.priority, m.channel
 FROM i JOIN {m} AS m ON m.id = i.id AND m.deliveries_count = i.deliveries
 WHERE m.state = 'PROCESSING' AND i.outcome IN ('COMPLETED', 'FAILED', 'EXPIRED')
   AND i.keep = 1
