@@ -112,6 +112,25 @@ async def test_piped_queues_shows_whole_queue_names(broker: Broker, where: list[
     assert line.split("\t")[:2] == [name, "1"]
 
 
+async def test_a_reader_that_stops_reading_is_no_database_error(
+        broker: Broker, where: list[str]) -> None:
+    """``sqlmq show ID --json | head -c 20``: the command stops quietly (click's exit 1 on a
+    broken pipe), not with a "database error" naming the pipe."""
+    msg_id = await broker.publish("big", {"blob": "x" * 2_000_000})
+
+    def run() -> tuple[int, str]:
+        proc = subprocess.Popen([*SQLMQ, "show", str(msg_id), "--json", *where],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(20).startswith(b'{"id": ')
+        proc.stdout.close()  # as head does
+        err = proc.stderr.read().decode()
+        return proc.wait(timeout=60), err
+
+    status, err = await asyncio.to_thread(run)
+    assert status == 1 and "error" not in err, err
+
+
 def test_a_database_error_exits_1_and_a_usage_error_2() -> None:
     down = run_cli("queues", "--url", "postgresql://app:pw@127.0.0.1:1/app")
     assert down.returncode == 1 and down.stderr.startswith("sqlmq: error:")

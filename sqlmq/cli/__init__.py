@@ -18,7 +18,13 @@ import click
 from ..connect import safe_url
 from ..errors import ConfigurationError, PublishError, SqlmqError
 from .archive import dlq, purge
-from .common import DEFAULT_URL_ENV, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from .common import (
+    DEFAULT_URL_ENV,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    UsageError,
+)
 from .dashboard import dashboard
 from .messages import cancel, inspect, publish, queues, show
 from .operations import pause, resume, workers

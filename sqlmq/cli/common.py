@@ -90,7 +90,7 @@ def database(fn: Callable[..., Awaitable[int | None]]) -> Callable[..., int]:
             broker = Broker(url, table_prefix=prefix)
             try:
                 return await fn(broker, **params) or 0
-            except SqlmqError:
+            except (SqlmqError, BrokenPipeError):  # `sqlmq … | head`: click exits quietly
                 raise
             except Exception as exc:  # a database error: one line, no URL secrets
                 raise database_error(exc, broker.url) from None
@@ -176,7 +176,7 @@ async def in_batches(verb: str, total: int,
             raise
 
 
-__all__ = ["DEFAULT_URL_ENV", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "Duration",
-           "PositiveInt", "UsageError", "ago", "database", "database_error", "in_batches",
-           "json_option",
-           "one_line", "print_json", "print_table"]
+__all__ = ["DEFAULT_URL_ENV", "EXIT_FAILED", "EXIT_INTERRUPTED",
+           "EXIT_USAGE", "Duration", "PositiveInt", "UsageError", "ago", "database",
+           "database_error", "in_batches", "json_option", "one_line", "print_json",
+           "print_table"]
