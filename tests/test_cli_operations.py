@@ -166,13 +166,13 @@ async def test_dlq_watch_prints_new_dead_letters(broker: Broker, db_url: str,
         assert how in started, started
         (new,) = await _dead(broker, "jobs", 1, error="fresh")
         seen: dict[int, dict[str, object]] = {}
-        printed: list[int] = []
+        printed: list[tuple[int, object]] = []
 
         async def read() -> bool:
             line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
             item = json.loads(line)
             seen[item["id"]] = item
-            printed.append(item["id"])
+            printed.append((item["id"], item["archived_at"]))
             return new in seen
 
         await wait_until(read, timeout=60)
@@ -180,6 +180,14 @@ async def test_dlq_watch_prints_new_dead_letters(broker: Broker, db_url: str,
         more = await _dead(broker, "jobs", 3, error="more")
         while not set(more) <= set(seen):
             await read()
+        # Requeued, it dies again: a new dead letter, printed again.
+        assert await broker.requeue(ids=[new]) == 1
+        (d,) = await broker.engine.acquire(["jobs"], 1, 30)
+        await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.FAIL,
+                                               error="again")])
+        while [i for i, _ in printed].count(new) < 2:
+            await read()
+        assert seen[new]["error"] == "again"
         with contextlib.suppress(TimeoutError):  # ten more looks at the archive: nothing new
             while True:
                 await asyncio.wait_for(read(), 1.0)

@@ -231,7 +231,9 @@ class _Watch:
         self.queue = queue
         self.as_json = as_json
         self.since = since  # the newest archive time printed (or the start)
-        self.seen: dict[int, datetime] = {}  # printed, by archive time: forgotten past the margin
+        # Printed, by (id, archive time): a requeued message that dies again is a new dead
+        # letter. Forgotten past the margin.
+        self.seen: dict[tuple[int, datetime | None], datetime] = {}
 
     async def scan(self) -> None:
         # A row archived by a transaction that began before ``since`` and committed after
@@ -243,25 +245,28 @@ class _Watch:
             queue=self.queue, states=DEAD_STATES, archived_from=self.since - _WATCH_MARGIN,
             limit=1000))
         while True:
-            fresh += [v for v in page.items if v.id not in self.seen]
+            fresh += [v for v in page.items if (v.id, v.archived_at) not in self.seen]
             if page.next is None:
                 break
             page = await insights.archive(page.next)
         for v in reversed(fresh):
             self._print(v)
-        self.seen = {i: at for i, at in self.seen.items() if at >= self.since - _WATCH_MARGIN}
+        self.seen = {k: at for k, at in self.seen.items() if at >= self.since - _WATCH_MARGIN}
 
     async def notified(self, notice: DeadLetterNotice) -> None:
         """A dead letter's notification: printed as a look at the archive would print it;
         one the archive does not hold (a subscriber that keeps no dead letters, or requeued
         or purged since) from the notification alone."""
-        if notice.id in self.seen or (self.queue is not None and notice.queue != self.queue):
+        if self.queue is not None and notice.queue != self.queue:
             return
         view = await self.broker.insights().message(notice.id)
         if view is not None and view.state in DEAD_STATES and view.archived_at is not None:
-            self._print(view)
+            if (view.id, view.archived_at) not in self.seen:  # a scan may have printed it
+                self._print(view)
             return
-        self.seen[notice.id] = self.since
+        if (notice.id, None) in self.seen:
+            return
+        self.seen[notice.id, None] = self.since
         if self.as_json:
             print_json({"id": notice.id, "queue": notice.queue, "state": notice.state,
                         "archived_at": None, "in_archive": False})
@@ -271,7 +276,7 @@ class _Watch:
 
     def _print(self, v: MessageView) -> None:
         assert v.archived_at is not None
-        self.seen[v.id] = v.archived_at
+        self.seen[v.id, v.archived_at] = v.archived_at
         self.since = max(self.since, v.archived_at)
         if self.as_json:
             print_json(v.to_json())
