@@ -36,9 +36,9 @@ The queue gauges come from ``broker.stats()`` (the counts the insights layer's o
 made of) when scraped, at most every ``queue_depth_interval`` seconds (a scrape in between
 gets the last figures). They describe the whole database, not this process, so by default
 (``queue_depth="leader"``) only one process computes and serves them: the leader of the
-live workers (see :mod:`sqlmq.maintenance.heartbeat`), whose ``sqlmq_leader`` is 1. Sum or
-take the max over instances in queries (``max by (queue, state) (sqlmq_queue_messages)``):
-around a change of leader, two may serve them for one heartbeat interval.
+live workers (see :mod:`sqlmq.maintenance.heartbeat`), whose ``sqlmq_leader`` is 1. Take
+the max over instances in queries (``max by (queue, state) (sqlmq_queue_messages)``), not
+the sum: around a change of leader, two may serve them for one heartbeat interval.
 ``queue_depth=True`` serves them from this process whatever it is (a broker that runs no
 subscribers, and so never leads); ``False`` never.
 """

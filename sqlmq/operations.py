@@ -102,8 +102,12 @@ class Operations:
         many."""
         before = None
         if older_than is not None:
-            age = (older_than if isinstance(older_than, timedelta)
-                   else timedelta(seconds=float(older_than)))
+            try:
+                age = (older_than if isinstance(older_than, timedelta)
+                       else timedelta(seconds=float(older_than)))
+            except (TypeError, ValueError):
+                raise ConfigurationError(f"older_than must be a timedelta or seconds, got "
+                                         f"{older_than!r}") from None
             if age < timedelta(0):
                 raise ConfigurationError(f"older_than must be zero or more, got {older_than!r}")
             before = await self._engine.now() - age

@@ -136,6 +136,7 @@ async def test_bad_arguments_move_nothing(broker: Broker) -> None:
         (broker.requeue(queue="q", states=["PENDING"]), "no archived state PENDING"),
         (broker.requeue(queue="q", batch=0), "batch must be 1 to 100000"),
         (broker.purge(older_than=-5), "older_than must be zero or more"),
+        (broker.purge(older_than="7d"), "older_than must be a timedelta or seconds"),
         (broker.purge(queue="q\x00"), "queue name must not contain NUL"),
     ):
         with pytest.raises(ConfigurationError, match=reason):
