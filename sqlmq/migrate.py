@@ -184,25 +184,36 @@ def current_version(conn: Connection, schema: Schema) -> int:
 MigrationLock = Callable[[Connection], "Callable[[], None] | None"]
 
 
-def _apply(conn: Connection, schema: Schema, lock: MigrationLock | None) -> int:
-    release = lock(conn) if lock is not None else None
-    try:
-        version = current_version(conn, schema)
-        for step in sorted(v for v in MIGRATIONS if v > version):
-            MIGRATIONS[step](conn, schema)
-            conn.execute(schema.version.insert().values(version=step, applied_at=datetime.now(UTC)))
-            version = step
-        return version
-    finally:
+def _apply(conn: Connection, schema: Schema, lock: MigrationLock | None,
+           held: list[Callable[[], None]]) -> int:
+    if lock is not None:
+        release = lock(conn)
         if release is not None:
-            release()
+            held.append(release)
+    version = current_version(conn, schema)
+    for step in sorted(v for v in MIGRATIONS if v > version):
+        MIGRATIONS[step](conn, schema)
+        conn.execute(schema.version.insert().values(version=step, applied_at=datetime.now(UTC)))
+        version = step
+    return version
 
 
 async def migrate(db: AsyncEngine, schema: Schema, lock: MigrationLock | None = None) -> int:
     """Create or upgrade the schema; returns the version now in place. Engines pass their
-    database's ``lock`` (see :meth:`sqlmq.engines.base.SqlEngine.migrate`)."""
-    async with db.begin() as conn:
-        return await conn.run_sync(_apply, schema, lock)
+    database's ``lock`` (see :meth:`sqlmq.engines.base.SqlEngine.migrate`).
+
+    A lock that outlives the transaction (MySQL's) is released after the COMMIT, not before:
+    a migrator let in between would read the version without this one's last rows (steps
+    that ran no DDL leave theirs uncommitted until then), apply those steps again and fail
+    on the version's primary key (seen on MariaDB with four migrators)."""
+    held: list[Callable[[], None]] = []
+    async with db.connect() as conn:
+        try:
+            async with conn.begin():
+                return await conn.run_sync(_apply, schema, lock, held)
+        finally:
+            for release in held:
+                await conn.run_sync(lambda _conn, release=release: release())
 
 
 async def check_schema(db: AsyncEngine, schema: Schema, url: str) -> None:

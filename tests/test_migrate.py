@@ -329,3 +329,40 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
         for b in brokers:
             await b.close()
         drop_tables(db_url, prefix)
+
+
+@pytest.mark.parametrize("db_kind", ["mariadb"])
+async def test_the_migration_lock_is_released_only_after_the_commit(
+        db_url: str, prefix: str) -> None:
+    """MariaDB's migration lock outlives the transaction: released before the COMMIT, it let
+    another migrator read the version without the last rows and apply those steps again
+    (a duplicate version row). When it is released, another connection sees them all."""
+    from sqlalchemy import create_engine, func, select
+
+    from sqlmq.connect import parse_url, sync_url
+
+    broker = Broker(db_url, table_prefix=prefix)
+    engine = broker.engine
+    seen: list[int] = []
+    other = create_engine(sync_url(parse_url(db_url)))
+    take = engine._migration_lock  # type: ignore[attr-defined]
+
+    def lock(conn: Any) -> Any:
+        release = take(conn)
+
+        def looked_then_released() -> None:
+            with other.connect() as c:
+                seen.append(c.execute(select(func.max(broker.schema.version.c.version)))
+                            .scalar_one())
+            release()
+
+        return looked_then_released
+
+    engine._migration_lock = lock  # type: ignore[attr-defined]
+    try:
+        assert await broker.migrate() == SCHEMA_VERSION
+        assert seen == [SCHEMA_VERSION]
+    finally:
+        other.dispose()
+        await broker.close()
+        drop_tables(db_url, prefix)
