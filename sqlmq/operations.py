@@ -113,10 +113,13 @@ class Operations:
             before = await self._engine.now() - age
         ids = None if ids is None else [int(i) for i in ids]
         queue = None if queue is None else check_queue(queue)
+        wanted: list[str | None] = list(_states(states))
+        if set(wanted) == set(ARCHIVED_STATES):  # every state: one pass, not one per state
+            wanted = [None]
         return await _batches(
             [lambda n, s=s: self._engine.purge_archived(queue=queue, ids=ids, state=s,
                                                         before=before, limit=n)
-             for s in _states(states)], batch, progress)
+             for s in wanted], batch, progress)
 
     async def delete(self, msg_id: int) -> bool:
         """Delete archived message ``msg_id``; False if the archive has no such message (a
