@@ -301,6 +301,20 @@ def _abandon(attempt: asyncio.Future[Any]) -> None:
     attempt.add_done_callback(_close_abandoned)
 
 
+async def finish_abandoned(within: float = DEFAULT_CONNECT_TIMEOUT) -> None:
+    """Wait (at most ``within`` seconds) for this event loop's abandoned connection attempts.
+
+    A broker closing calls this, so a connect it left running is closed by then instead of
+    being cancelled when the loop ends: cancelled while its socket opens, asyncpg leaves
+    the future of the SSL answer holding an error no one reads, and asyncio logs it as an
+    error whenever the garbage collector gets to it, in whatever test or task runs then.
+    """
+    loop = asyncio.get_running_loop()
+    mine = [a for a in _abandoned if a.get_loop() is loop]
+    if mine:
+        await asyncio.wait(mine, timeout=within)
+
+
 def _close_abandoned(attempt: asyncio.Future[Any]) -> None:
     _abandoned.discard(attempt)
     if attempt.cancelled() or attempt.exception() is not None:

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool, QueuePool
 from sqlalchemy.sql import Executable
 
-from ..connect import READ_ONLY, create_async, create_sync, sync_url
+from ..connect import READ_ONLY, create_async, create_sync, finish_abandoned, sync_url
 from ..dead_letters import DeadLetterNotice
 from ..errors import ConfigurationError
 from ..lifecycle import Outcome, State
@@ -265,6 +265,7 @@ class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements
         """Return the kept connections, and dispose of the SQLAlchemy engines sqlmq made
         (a later call makes new ones: the broker may start again)."""
         await self._close_kept()
+        await finish_abandoned()
         if self._owns_db and self._db is not None:
             await self._db.dispose()
             self._db = None
