@@ -10,6 +10,7 @@ nowhere, which would hold them PROCESSING until their lease expired.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -22,6 +23,10 @@ from .options import StreamOptions
 from .ownership import ConsumerBusy, Ownership
 
 log = logging.getLogger("sqlmq.spark")
+
+#: Seconds between two warnings that the stream's queue holds channel messages it never reads.
+CHANNEL_NOTICE_EVERY = 60.0
+
 
 class Leasing:
     """Sequences leased by this driver. ``run`` runs a coroutine of the broker's engine
@@ -43,6 +48,7 @@ class Leasing:
         # partitions() takes them instead of reading the lease rows back.
         self._fresh: dict[int, list[Lease]] = {}
         self._swept = False  # see release_unlogged
+        self._channels_noticed: float | None = None  # see _notice_channel_messages
 
     def lease_ahead(self, last: int, limit: int) -> None:
         """Lease sequence ``last + 1`` in the background, so that the next ``latestOffset``
@@ -138,7 +144,26 @@ class Leasing:
         if leased:
             leased.sort()
             self._fresh[nxt] = leased
+        else:
+            self._notice_channel_messages()
         return len(leased)
+
+    def _notice_channel_messages(self) -> None:
+        """Warn, when a lease finds nothing (once a minute at most), that the queue holds
+        messages published with a channel: the stream reads only those published without
+        one, so these would wait, unseen, for a subscriber to start them."""
+        now = time.monotonic()
+        if self._channels_noticed is not None and now - self._channels_noticed < \
+                CHANNEL_NOTICE_EVERY:
+            return
+        self._channels_noticed = now
+        waiting = self.ledger.channel_waiting(self.o.queue)
+        if waiting:
+            log.warning(
+                "sqlmq stream %s: queue %r holds %d message(s) published with a channel, "
+                "which the Spark stream does not read (it would bypass the channel's "
+                "limits); they wait for a subscriber of the queue (broker.subscriber) to "
+                "start them", self.o.consumer, self.o.queue, waiting)
 
     def leased(self, start: int, end: int) -> list[Lease]:
         """The leases of sequences ``start + 1 .. end``, by id."""

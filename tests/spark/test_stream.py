@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -279,3 +280,32 @@ async def test_a_batch_takes_max_messages_per_batch_even_past_one_acquire_statem
     async with broker.db.connect() as conn:
         assert len((await conn.execute(select(lt.c.id).where(lt.c.seq == 1))).all()) == 5000
     assert len(await rows(broker, state="PROCESSING")) == 5000
+
+
+async def test_a_stream_over_a_queue_with_channel_messages_says_it_leaves_them(
+    broker: Broker, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stream reads only messages published without a channel (a channel's limits are
+    counted by the subscribers' acquire). A queue holding some must not look merely idle:
+    a lease that finds nothing says so, once a minute at most."""
+    from sqlmq.spark.options import Database
+    from sqlmq.spark.stream import Consumer, StreamOptions
+
+    caplog.set_level(logging.WARNING, logger="sqlmq.spark")
+    await broker.publish_batch("mixed", [b"plain-1", b"plain-2"])
+    for i in range(3):
+        await broker.publish("mixed", f"tenant-{i}".encode(), channel=f"tenant-{i % 2}")
+    o = StreamOptions(db=Database(db_url, prefix), queue="mixed", consumer="mixed",
+                      max_per_batch=10, lease=360.0, consumer_timeout=120.0,
+                      rows_per_partition=10)
+    consumer = Consumer(o)
+    try:
+        assert consumer.lease_next(0, 10) == (1, 2)
+        assert not caplog.records
+        assert consumer.lease_next(1, 10) == (1, 0)
+        assert consumer.lease_next(1, 10) == (1, 0)
+    finally:
+        consumer.close()
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "queue 'mixed' holds 3 message(s) published with a channel" in said
+    assert "wait for a subscriber" in said

@@ -168,6 +168,15 @@ class SparkLedger:
                         by_id[row[0]] = tuple(row)
         return [by_id[x] for x in ids if x in by_id]
 
+    def channel_waiting(self, queue: str) -> int:
+        """Messages of ``queue`` published with a channel and not started yet. :meth:`take`
+        reads the ready index only, where they are not: a channel's limits are counted by
+        the subscribers' acquire, which the stream does not run."""
+        m = self.schema.message
+        with self.sql_engine.connect() as conn:
+            return conn.execute(select(func.count()).select_from(m).where(
+                m.c.queue == queue, m.c.channel_due_at.is_not(None))).scalar_one()
+
     def timestamp(self, column: Any) -> Any:
         """A timestamp column as a batch read selects it (see ``spark.columns``)."""
         return column
