@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigurationError
+from .errors import ChannelFull, ConfigurationError
 from .maintenance import ArchiveCleaner, Heartbeat, Retention
 from .records import PausedQueue, WorkerInfo
 from .subscriber import check_queue
@@ -81,16 +81,32 @@ class Operations:
         headers, priority and history kept): those of ``ids``, or every one of ``queue``,
         in ``states`` (default: the dead letters, FAILED and CANCELLED). Returns how many;
         ``progress`` is called with the running total after each batch. Asking for neither
-        ``ids`` nor ``queue`` is an error: a requeue of everything is never an accident."""
+        ``ids`` nor ``queue`` is an error: a requeue of everything is never an accident.
+
+        A channel message comes back under its channel's limits, ``max_size`` too: a batch
+        that would overfill a channel raises :class:`~sqlmq.ChannelFull` and moves nothing
+        (the batches before it stay requeued; the error says how many)."""
         if ids is None and queue is None:
             raise ConfigurationError("requeue needs ids or a queue (refusing to requeue "
                                      "every archived message)")
         ids = None if ids is None else [int(i) for i in ids]
         queue = None if queue is None else check_queue(queue)
-        return await _batches(
-            [lambda n, s=s: self._engine.requeue_archived(queue=queue, ids=ids, state=s,
-                                                          limit=n)
-             for s in _states(states)], batch, progress)
+        moved = 0
+
+        def moving(total: int) -> None:
+            nonlocal moved
+            moved = total
+            if progress is not None:
+                progress(total)
+
+        try:
+            return await _batches(
+                [lambda n, s=s: self._engine.requeue_archived(queue=queue, ids=ids, state=s,
+                                                              limit=n)
+                 for s in _states(states)], batch, moving)
+        except ChannelFull as exc:
+            raise ChannelFull(f"{exc} by the batch of the requeue that met it; {moved} "
+                              f"requeued before it stay requeued") from None
 
     async def purge(self, *, older_than: timedelta | float | None = None,
                     queue: str | None = None, states: Sequence[str] = ARCHIVED_STATES,

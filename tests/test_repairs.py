@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Integer, column, func, insert, literal, select, text
 
-from sqlmq import Broker, ConfigurationError
+from sqlmq import Broker, ChannelFull, ConfigurationError, Outcome, Settlement
 from tests.conftest import on_memory
 
 BIG = 100_000
@@ -107,6 +107,30 @@ async def test_an_interrupted_requeue_leaves_whole_batches(broker: Broker) -> No
     assert await _count(broker, "message", queue="q") == 300
     assert await _count(broker, "archive", queue="q") == 700
     assert await broker.requeue(queue="q") == 700  # the rest, once, on a second run
+
+
+@pytest.mark.parametrize("db_kind", ["memory", "sqlite", "postgresql", "mariadb"])
+async def test_a_requeue_that_would_overfill_a_channel_stops_at_the_batch_that_would(
+        broker: Broker) -> None:
+    """Dead letters of a channel come back under its max_size: the batches that fit move,
+    the one that would overfill it moves nothing, and the error says how many moved."""
+    await broker.set_channel("tenant", queue="q", max_size=10)
+    sent = [await broker.publish("q", {"n": i}, channel="tenant") for i in range(8)]
+    got = await broker.engine.acquire(["q"], 10, 30)
+    assert await broker.engine.settle(
+        [Settlement(d.id, d.deliveries, Outcome.FAIL, error="x") for d in got]) == set(sent)
+    await broker.set_channel("tenant", max_size=5)
+    seen: list[int] = []
+    with pytest.raises(ChannelFull, match=r"channel 'tenant' holds 3 messages and its "
+                                          r"max_size is 5: 3 more would exceed it.* 3 "
+                                          r"requeued before it stay requeued"):
+        await broker.requeue(queue="q", batch=3, progress=seen.append)
+    assert seen == [3]
+    assert await _count(broker, "message", queue="q") == 3
+    assert await _count(broker, "archive", queue="q") == 5
+    with pytest.raises(ChannelFull, match="2 requeued before it"):  # what fits, in batches
+        await broker.requeue(queue="q", batch=2)
+    assert await _count(broker, "message", queue="q") == 5
 
 
 @pytest.mark.parametrize("db_kind", ["memory", "sqlite", "postgresql", "mariadb"])

@@ -36,7 +36,7 @@ from ..records import NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
 from ..sqltime import db_now_plus
 from .contract import DeadLetterSource, WakeSource
-from .core_channels import ChannelAdmin, ChannelStatements, channel_flow
+from .core_channels import ChannelAdmin, ChannelStatements, channel_flow, room_flow
 from .core_control import ControlStatements
 from .core_insights import ArchiveInsights
 from .core_operations import OperationStatements
@@ -451,6 +451,7 @@ class ArchiveAndStatsMixin:
             picked = list((await conn.execute(locked)).scalars())
             if not picked:
                 return 0
+            await self._room_for_requeue(conn, picked)
             moved = 0
             for start in range(0, len(picked), 500):
                 chunk = picked[start : start + 500]
@@ -473,6 +474,24 @@ class ArchiveAndStatsMixin:
                 )
                 moved += (await conn.execute(delete(a).where(a.c.id.in_(chunk)))).rowcount
             return moved
+
+    async def _room_for_requeue(self, conn: AsyncConnection, picked: list[int]) -> None:
+        """Make room for the channel messages among ``picked`` as a publish does (the
+        channel's row locked, its ``max_size`` checked), channel by channel in name order
+        so two requeues lock them alike: a full channel refuses the whole batch with
+        :class:`~sqlmq.errors.ChannelFull`, and its transaction rolls back."""
+        from sqlalchemy import func, select
+
+        a = self.schema.archive
+        adding: dict[tuple[str, str], int] = {}
+        for start in range(0, len(picked), 500):
+            for channel, queue, n in await conn.execute(
+                    select(a.c.channel, a.c.queue, func.count())
+                    .where(a.c.id.in_(picked[start : start + 500]), a.c.channel.is_not(None))
+                    .group_by(a.c.channel, a.c.queue)):
+                adding[channel, queue] = adding.get((channel, queue), 0) + n
+        for (channel, queue), n in sorted(adding.items()):
+            await run_flow(conn, room_flow(self.schema, conn.dialect, channel, queue, n))
 
     async def purge_archived(
         self, *, queue: str | None = None, state: str | None = None,

@@ -21,7 +21,7 @@ marked served (and their next start moved, under a rate).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -60,7 +60,7 @@ from ..records import Delivery, NewMessages
 from ..schema import Schema
 from ..sqltime import db_now_plus
 from .core_operations import not_paused
-from .core_publish import Flow, publish_flow
+from .core_publish import Flow, Step, publish_flow
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
 from .sql_lists import listed, placed
 
@@ -88,11 +88,20 @@ def _mysql_insert_or_nothing(table: Any, values: dict[str, Any]) -> Any:
 
 def channel_flow(schema: Schema, dialect: Dialect, messages: NewMessages,
                  wake: Any) -> Flow:
-    """Create the channel's row if need be, lock it, check ``max_size``, publish."""
+    """Make room in the channel (:func:`room_flow`), publish."""
+    assert messages.channel is not None
+    yield from room_flow(schema, dialect, messages.channel, messages.queue, len(messages))
+    return (yield from publish_flow(schema.message, dialect, messages, wake))
+
+
+def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
+              adding: int) -> Generator[Step, Any, None]:
+    """Create channel ``name``'s row if need be and lock it (writers to one channel take
+    turns, so the count is exact), then refuse ``adding`` more messages with
+    :class:`~sqlmq.errors.ChannelFull` if they would exceed its ``max_size``: a publish's
+    and a requeue's check."""
     c, d, m = schema.channel, schema.channel_default, schema.message
-    name = messages.channel
-    assert name is not None
-    yield _INSERT_IGNORE[dialect.name](c, {"name": name, "queue": messages.queue,
+    yield _INSERT_IGNORE[dialect.name](c, {"name": name, "queue": queue,
                                             "created_at": _NOW}), None
     found = select(c.c.configured, c.c.max_size, c.c.queue).where(c.c.name == name)
     if dialect.name != "sqlite":
@@ -104,8 +113,7 @@ def channel_flow(schema: Schema, dialect: Dialect, messages: NewMessages,
     if limit is not None:
         size = (yield select(func.count()).select_from(m).where(m.c.channel == name),
                 None).scalar_one()
-        check_size(name, size, len(messages), limit)
-    return (yield from publish_flow(m, dialect, messages, wake))
+        check_size(name, size, adding, limit)
 
 
 class ChannelStatements:

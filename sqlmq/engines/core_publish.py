@@ -38,7 +38,7 @@ A key met twice in one batch is sent once; the later messages are its duplicates
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Table, bindparam, insert, literal, literal_column, select, text
 from sqlalchemy.dialects import mysql as mysql_dialect
@@ -60,6 +60,7 @@ CHUNK = 1000
 #: sqlmq's own transaction when the database chooses it as a deadlock's victim.
 KEYED_TRIES = 5
 
+T = TypeVar("T")
 Step = tuple[Executable, Any]
 #: Yields statements with their parameters, is sent their results, returns the ids.
 Flow = Generator[Step, Any, list[int]]
@@ -75,7 +76,7 @@ def run_flow_sync(conn: Connection, flow: Flow) -> list[int]:
         return done.value
 
 
-async def run_flow(conn: AsyncConnection, flow: Flow) -> list[int]:
+async def run_flow(conn: AsyncConnection, flow: Generator[Step, Any, T]) -> T:
     result: Any = None
     try:
         while True:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import random
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -174,7 +175,7 @@ class MemoryStore:
         keys = messages.dedup_keys or [None] * len(messages)
         channel = messages.channel
         if channel is not None:
-            self.channels.admit(messages, self.rows.values())
+            self.channels.admit(channel, messages.queue, len(messages), self.rows.values())
         for payload, headers, key in zip(messages.payloads, messages.headers, keys,
                                          strict=True):
             if key is not None:
@@ -345,7 +346,11 @@ class MemoryStore:
 
     def requeue(self, found: list[Archived], now: datetime) -> int:
         """Back to the table as fresh PENDING messages, keeping id, creation, error, history,
-        priority and channel (a channel's message waits as one again)."""
+        priority and channel (a channel's message waits as one again, counted against its
+        ``max_size``: a full channel refuses them all)."""
+        adding = Counter((a.channel, a.queue) for a in found if a.channel is not None)
+        for (channel, queue), n in sorted(adding.items()):
+            self.channels.admit(channel, queue, n, self.rows.values())
         for a in found:
             del self.archive[a.id]
             self.add([Row(a.id, a.queue, a.headers, a.payload, a.created_at,

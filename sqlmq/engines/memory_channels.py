@@ -18,7 +18,7 @@ from ..channels import (
     share,
 )
 from ..lifecycle import State
-from ..records import Delivery, NewMessages
+from ..records import Delivery
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _WAITING = (State.PENDING, State.RETRYABLE)
@@ -44,16 +44,14 @@ class MemoryChannels:
             return ch.settings
         return self.defaults.get(ch.queue, NO_LIMITS)
 
-    def admit(self, messages: NewMessages, rows: Iterable[Any]) -> None:
-        """Make the channel of ``messages`` if need be; refuse them if they would exceed its
-        ``max_size`` (``rows``: the table's rows)."""
-        name = messages.channel
-        assert name is not None
-        ch = self.channels.setdefault(name, ChannelRow(name, messages.queue))
+    def admit(self, name: str, queue: str, adding: int, rows: Iterable[Any]) -> None:
+        """Make channel ``name`` if need be; refuse ``adding`` more messages (a publish's,
+        a requeue's) if they would exceed its ``max_size`` (``rows``: the table's rows)."""
+        ch = self.channels.setdefault(name, ChannelRow(name, queue))
         limit = self.effective(ch).max_size
         if limit is None:
             return
-        check_size(name, sum(1 for r in rows if r.channel == name), len(messages), limit)
+        check_size(name, sum(1 for r in rows if r.channel == name), adding, limit)
 
     def set(self, name: str, queue: str | None, settings: ChannelSettings | None) -> bool:
         if settings is None and name not in self.channels:

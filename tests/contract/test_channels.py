@@ -213,3 +213,29 @@ async def test_a_requeued_dead_letter_goes_back_under_its_channels_limit(env: En
     assert ids(await env.engine.acquire(["q"], 10, 30)) == [first]
     (info,) = [c for c in await env.engine.channels() if c.name == "one"]
     assert (info.waiting, info.running) == (1, 1)
+
+
+async def test_a_requeue_into_a_full_channel_is_refused_whole(env: Env) -> None:
+    """A requeue counts against the channel's max_size like a publish: a batch that would
+    overfill a channel moves nothing (the archive keeps every message of it), one that fits
+    moves, and messages of other channels or none are judged on their own."""
+    await env.engine.set_channel("small", "q", ChannelSettings(max_size=3))
+    dead = await publish(env, "small", 3)
+    got = await env.engine.acquire(["q"], 10, 30)
+    failed = [Settlement(d.id, d.deliveries, Outcome.FAIL, error="x") for d in got]
+    assert await env.engine.settle(failed) == set(dead)
+    (plain,) = await env.publish("q")
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.settle([Settlement(d.id, 1, Outcome.FAIL, error="x")]) == {plain}
+    await publish(env, "small", 2)  # the channel holds 2 of 3 again
+    with pytest.raises(ChannelFull, match=r"channel 'small' holds 2 messages and its "
+                                          r"max_size is 3: 3 more would exceed it"):
+        await env.engine.requeue_archived(queue="q")
+    assert {v.state for v in [await env.engine.message_view(i) for i in [*dead, plain]]
+            if v is not None} == {"FAILED"}
+    assert await env.engine.requeue_archived(ids=[plain]) == 1  # no channel: no limit
+    assert await env.engine.requeue_archived(ids=dead[:1]) == 1  # fits: 3 of 3
+    with pytest.raises(ChannelFull):
+        await env.engine.requeue_archived(ids=dead[1:2])
+    (info,) = [c for c in await env.engine.channels() if c.name == "small"]
+    assert info.waiting == 3
