@@ -122,13 +122,17 @@ async def _missed(broker: Broker, name: str, interval: timedelta, missed: int) -
 
 
 def _interval_not_near_a_tick(now: datetime) -> timedelta:
-    """An hourly-scale interval whose latest tick is well over ON_TIME ago, so that
-    ``catch_up="none"`` has nothing on time to publish during the test."""
+    """An hourly-scale interval whose latest tick is well over ON_TIME ago (so that
+    ``catch_up="none"`` has nothing on time to publish during the test) and whose next tick
+    is well after the test (a run at 05:59:59 saw the 06:00 tick of an hourly schedule
+    come due in the middle of it)."""
     for hours in (3, 5, 7):
         interval = timedelta(hours=hours)
-        if now - Cadence(every=interval.total_seconds()).latest(now) > ON_TIME * 6:
+        latest = Cadence(every=interval.total_seconds()).latest(now)
+        if now - latest > ON_TIME * 6 and latest + interval - now > ON_TIME * 6:
             return interval
-    raise AssertionError("unreachable: three coprime intervals cannot all have just ticked")
+    raise AssertionError("unreachable: three coprime intervals cannot all tick within a "
+                         "minute of now")
 
 
 @pytest.mark.parametrize(("catch_up", "published"), [("latest", 1), ("all", 4), ("none", 0)])
@@ -150,19 +154,20 @@ async def test_a_start_after_missed_ticks_follows_the_catch_up_policy(
 async def test_a_failing_body_is_logged_and_its_tick_published_later(
         broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
     calls: list[datetime] = []
+    interval = _interval_not_near_a_tick(await broker.engine.now())
 
-    @broker.periodic("flaky", every=timedelta(hours=1), catch_up="latest")
+    @broker.periodic("flaky", every=interval, catch_up="latest")
     def flaky(tick: datetime) -> str:
         calls.append(tick)
         if len(calls) == 1:
             raise RuntimeError("upstream down")
         return "ok"
 
-    broker.periodic("steady", every=timedelta(hours=1), body="fine")
+    broker.periodic("steady", every=interval, body="fine")
     for name in ("flaky", "steady"):
         await broker.engine.register_schedule(
             next(s for s in broker.periodic_schedules if s.name == name))
-        await _missed(broker, name, timedelta(hours=1), missed=1)
+        await _missed(broker, name, interval, missed=1)
     with caplog.at_level(logging.ERROR, logger="sqlmq"):
         await broker.start()
         await wait_until(lambda: _count(broker, "flaky", 1), timeout=10,
