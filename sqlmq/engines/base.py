@@ -384,6 +384,11 @@ def _as_json(value: Any) -> Any:
         return json.loads(value)
     return value
 
+
+#: Archived ids per statement of a requeue (its channel count, its copy and its delete).
+REQUEUE_CHUNK = 500
+
+
 class ArchiveAndStatsMixin:
     """Statements off the hot path, written once in SQLAlchemy Core for every database."""
 
@@ -453,8 +458,8 @@ class ArchiveAndStatsMixin:
                 return 0
             await self._room_for_requeue(conn, picked)
             moved = 0
-            for start in range(0, len(picked), 500):
-                chunk = picked[start : start + 500]
+            for start in range(0, len(picked), REQUEUE_CHUNK):
+                chunk = picked[start : start + REQUEUE_CHUNK]
                 # A channel's message waits as one again: due by channel_due_at, its
                 # next_attempt_at NULL (see sqlmq.channels).
                 now = db_now_plus(literal(0.0))
@@ -484,10 +489,11 @@ class ArchiveAndStatsMixin:
 
         a = self.schema.archive
         adding: dict[tuple[str, str], int] = {}
-        for start in range(0, len(picked), 500):
+        for start in range(0, len(picked), REQUEUE_CHUNK):
+            chunk = picked[start : start + REQUEUE_CHUNK]
             for channel, queue, n in await conn.execute(
                     select(a.c.channel, a.c.queue, func.count())
-                    .where(a.c.id.in_(picked[start : start + 500]), a.c.channel.is_not(None))
+                    .where(a.c.id.in_(chunk), a.c.channel.is_not(None))
                     .group_by(a.c.channel, a.c.queue)):
                 adding[channel, queue] = adding.get((channel, queue), 0) + n
         for (channel, queue), n in sorted(adding.items()):

@@ -263,14 +263,8 @@ async def test_a_batch_takes_max_messages_per_batch_even_past_one_acquire_statem
 ) -> None:
     """MariaDB's acquire statement takes at most about 3,120 ids (what fits its id list):
     a batch of 5,000 takes several statements, all in the transaction that records them."""
-    from sqlmq.spark.options import Database
-    from sqlmq.spark.stream import Consumer, StreamOptions
-
     await broker.publish_batch("big", [{"n": i} for i in range(5001)])
-    o = StreamOptions(db=Database(db_url, prefix), queue="big", consumer="big",
-                      max_per_batch=5000, lease=360.0, consumer_timeout=120.0,
-                      rows_per_partition=5000)
-    consumer = Consumer(o)
+    consumer = driver_consumer(db_url, prefix, "big", 5000)
     try:
         assert consumer.lease_next(0, 5000) == (1, 5000)
         assert len(consumer.leased(0, 1)) == 5000
@@ -288,17 +282,11 @@ async def test_a_stream_over_a_queue_with_channel_messages_says_it_leaves_them(
     """The stream reads only messages published without a channel (a channel's limits are
     counted by the subscribers' acquire). A queue holding some must not look merely idle:
     a lease that finds nothing says so, once a minute at most."""
-    from sqlmq.spark.options import Database
-    from sqlmq.spark.stream import Consumer, StreamOptions
-
     caplog.set_level(logging.WARNING, logger="sqlmq.spark")
     await broker.publish_batch("mixed", [b"plain-1", b"plain-2"])
     for i in range(3):
         await broker.publish("mixed", f"tenant-{i}".encode(), channel=f"tenant-{i % 2}")
-    o = StreamOptions(db=Database(db_url, prefix), queue="mixed", consumer="mixed",
-                      max_per_batch=10, lease=360.0, consumer_timeout=120.0,
-                      rows_per_partition=10)
-    consumer = Consumer(o)
+    consumer = driver_consumer(db_url, prefix, "mixed", 10)
     try:
         assert consumer.lease_next(0, 10) == (1, 2)
         assert not said(caplog)
@@ -309,6 +297,17 @@ async def test_a_stream_over_a_queue_with_channel_messages_says_it_leaves_them(
     (warning,) = said(caplog)
     assert "queue 'mixed' holds 3 message(s) published with a channel" in warning
     assert "wait for a subscriber" in warning
+
+
+def driver_consumer(db_url: str, prefix: str, queue: str, per_batch: int) -> Any:
+    """A stream driver's consumer of ``queue`` (named after it), without Spark: batches and
+    partitions of ``per_batch`` messages, leases long enough for any test."""
+    from sqlmq.spark.options import Database
+    from sqlmq.spark.stream import Consumer, StreamOptions
+
+    return Consumer(StreamOptions(db=Database(db_url, prefix), queue=queue, consumer=queue,
+                                  max_per_batch=per_batch, lease=360.0, consumer_timeout=120.0,
+                                  rows_per_partition=per_batch))
 
 
 def said(caplog: pytest.LogCaptureFixture) -> list[str]:
