@@ -56,6 +56,9 @@ class ScriptedEngine:
         batch, self.ready = self.ready[:limit], self.ready[limit:]
         return batch
 
+    def channel_start_in(self, queues: Sequence[str]) -> float | None:
+        return None
+
     async def settle(self, batch: Sequence[Settlement]) -> set[int]:
         if self.fail_settles:
             self.fail_settles -= 1
@@ -401,6 +404,18 @@ async def test_fetcher_takes_a_hand_over_while_idle_and_refuses_it_once_stopping
 def test_fetcher_polls_adaptively(idle: float, got: int, limit: int,
                                   expected: tuple[float, float]) -> None:
     assert _next_poll(config(), idle, got, limit) == expected
+
+
+@pytest.mark.parametrize(("idle", "got", "start_in", "expected"), [
+    (0.64, 0, 0.03, (1.0, 0.031)),  # backed off to 1 s: polls when the channel may start
+    (0.0, 0, 0.03, (0.005, 0.005)),  # a backoff step comes first: it stays
+    (0.64, 3, 0.0, (0.0, 0.001)),  # after a partial batch, even sooner than 10 ms
+    (0.64, 0, None, (1.0, 1.0)),  # no channel waits for its rate
+])
+def test_fetcher_polls_when_a_channels_rate_lets_it_start_again(
+        idle: float, got: int, start_in: float | None, expected: tuple[float, float]) -> None:
+    cfg = config(max_fetch_interval=1.0)
+    assert _next_poll(cfg, idle, got, 10, start_in) == pytest.approx(expected)
 
 
 def test_fetch_size_grows_while_the_workers_outrun_the_fetcher_and_shrinks_when_caught_up(

@@ -213,6 +213,7 @@ class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements
         self._sync_only = db is None and url is None
         #: Names the lock that lets one process at a time recover expired leases.
         self.recovery_lock = f"sqlmq:recover:{schema.prefix}"
+        self._rate_waits = {}
 
     @property
     def db(self) -> AsyncEngine:

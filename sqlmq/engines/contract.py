@@ -152,6 +152,14 @@ class Engine(OperationsContract, Protocol):
         became ready (then by id)."""
         ...
 
+    def channel_start_in(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the soonest channel of ``queues`` that waits only for its rate (a
+        message of its is due) may start again, as the last acquire of ``queues`` that
+        found no channel to start saw it; None: there was none, or that acquire started
+        one. A fetcher polls then rather than after its idle backoff, so that a rate is
+        kept, not lost to polling delays."""
+        ...
+
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         """Apply a batch of results in one transaction: archive, retry, release or defer
         (a defer of a message whose cancellation was asked for archives it CANCELLED); and

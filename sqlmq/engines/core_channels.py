@@ -124,6 +124,9 @@ class ChannelStatements:
     _channels_seen: bool = False
     _channels_looked_at: float = float("-inf")
     _channels_first: bool = True
+    #: Per list of queues: when (monotonic) its soonest rate-limited channel may start
+    #: again, as the last acquire that found no channel to start saw it.
+    _rate_waits: dict[tuple[str, ...], float | None]
     #: The engine's transaction runner (settle_onward's, PostgreSQL's retrying one).
     _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
 
@@ -165,12 +168,22 @@ class ChannelStatements:
         self._channels_seen = await self._transaction(look) is not None
         return self._channels_seen
 
+    def channel_start_in(self, queues: Sequence[str]) -> float | None:
+        at = self._rate_waits.get(tuple(queues))
+        return None if at is None else max(0.0, at - time.monotonic())
+
     async def _acquire_channels(self, queues: Sequence[str], limit: int,
                                 lease: float) -> list[Delivery]:
-        async def read(conn: AsyncConnection) -> Sequence[Any]:
-            return (await conn.execute(_candidates(self.schema, queues, limit))).all()
+        async def read(conn: AsyncConnection) -> tuple[Sequence[Any], float | None]:
+            rows = (await conn.execute(_candidates(self.schema, queues, limit))).all()
+            if rows:
+                return rows, None
+            soonest = (await conn.execute(_soonest_start(self.schema, queues))).one()
+            if soonest.at is None:
+                return rows, None
+            return rows, time.monotonic() + (soonest.at - soonest.now).total_seconds()
 
-        candidates = await self._transaction(read)
+        candidates, self._rate_waits[tuple(queues)] = await self._transaction(read)
         if not candidates:
             return []
         return await self._transaction(
@@ -408,6 +421,22 @@ def _effective(r: Any) -> ChannelSettings:
                            bool(r.d_ordered), r.d_max_size)
 
 
+def _due_in(schema: Schema, queues: Sequence[str]) -> Any:
+    """A channel row has a message due in ``queues`` (not paused)."""
+    m, c = schema.message, schema.channel
+    return exists().where(m.c.channel == c.c.name, m.c.state.in_(_WAITING),
+                          m.c.queue.in_(list(queues)), not_paused(schema, m.c.queue),
+                          m.c.channel_due_at <= _NOW)
+
+
+def _soonest_start(schema: Schema, queues: Sequence[str]) -> Any:
+    """When the soonest channel that waits only for its rate (a message of its is due in
+    ``queues``) may start again (``at``; NULL: none), and the database's now."""
+    c = schema.channel
+    return select(func.min(c.c.next_start_at).label("at"), _NOW.label("now")).where(
+        c.c.next_start_at > _NOW, _due_in(schema, queues))
+
+
 def _candidates(schema: Schema, queues: Sequence[str], limit: int) -> Any:
     """Channels worth locking for an acquire of ``limit`` from ``queues``, least recently
     served first: a message of theirs is due in one of the queues, and they are neither at
@@ -417,9 +446,7 @@ def _candidates(schema: Schema, queues: Sequence[str], limit: int) -> Any:
     running = (select(func.count()).where(m.c.channel == c.c.name,
                                           m.c.state == State.PROCESSING.value)
                .scalar_subquery())
-    due = exists().where(m.c.channel == c.c.name, m.c.state.in_(_WAITING),
-                         m.c.queue.in_(list(queues)), not_paused(schema, m.c.queue),
-                         m.c.channel_due_at <= _NOW)
+    due = _due_in(schema, queues)
     own = c.c.configured == 1
     max_concurrency = case((own, c.c.max_concurrency), else_=d.c.max_concurrency)
     ordered = func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0)

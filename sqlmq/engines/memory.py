@@ -223,7 +223,7 @@ class MemoryStore:
                 now: datetime) -> list[Delivery]:
         """The plain messages and the channels' (:mod:`.memory_channels`), each first
         every other time, as the SQL engines' acquire; nothing of a paused queue."""
-        queues = [q for q in queues if q not in self.paused]
+        key, queues = tuple(queues), [q for q in queues if q not in self.paused]
         if not self.channels.channels:
             return self._acquire_plain(queues, limit, lease, now)
         self.channels_first = not self.channels_first
@@ -232,7 +232,7 @@ class MemoryStore:
             return _take(r, scheduled, lease, now)
 
         def channels(n: int) -> list[Delivery]:
-            return self.channels.acquire(self.rows.values(), queues, n, now, take)
+            return self.channels.acquire(self.rows.values(), queues, n, now, take, key)
 
         first = channels(limit) if self.channels_first else self._acquire_plain(
             queues, limit, lease, now)
@@ -594,6 +594,11 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):
             out = self._store.acquire(queues, limit, lease, self._now())
             self._writes += bool(out)
             return out
+
+    def channel_start_in(self, queues: Sequence[str]) -> float | None:
+        with self._lock:
+            at = self._store.channels.rate_waits.get(tuple(queues))
+            return None if at is None else max(0.0, (at - self._now()).total_seconds())
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         """Settle, and publish the outputs of the settlements that land (a pipeline step's:

@@ -38,6 +38,9 @@ class ChannelRow:
 class MemoryChannels:
     channels: dict[str, ChannelRow] = field(default_factory=dict)
     defaults: dict[str, ChannelSettings] = field(default_factory=dict)
+    #: Per list of queues: the soonest start of a channel waiting only for its rate, as
+    #: the last acquire that found no channel to start saw it (see channel_start_in).
+    rate_waits: dict[tuple[str, ...], datetime | None] = field(default_factory=dict)
 
     def effective(self, ch: ChannelRow) -> ChannelSettings:
         if ch.settings is not None:
@@ -60,28 +63,35 @@ class MemoryChannels:
         return True
 
     def acquire(self, rows: Iterable[Any], queues: Sequence[str], limit: int, now: datetime,
-                take: Callable[[Any, datetime | None], Delivery]) -> list[Delivery]:
+                take: Callable[[Any, datetime | None], Delivery],
+                key: tuple[str, ...]) -> list[Delivery]:
         """As :meth:`.core_channels.ChannelStatements._acquire_channels`: the channels with
         a due message in ``queues``, least recently served first, each an even share within
-        its limits (an ordered one its head only); ``take`` acquires a row."""
+        its limits (an ordered one its head only); ``take`` acquires a row. ``key``: the
+        subscriber's queues, under which to note when a rate lets a channel start again."""
         wanted = set(queues)
         of: dict[str, list[Any]] = {}
         for r in rows:
             if r.channel is not None:
                 of.setdefault(r.channel, []).append(r)
         candidates = []
+        rate_waits: list[datetime] = []
         for ch in sorted(self.channels.values(),
                          key=lambda c: (c.served_at is not None, c.served_at or _EPOCH,
                                         c.served_rank, c.name)):
             mine = of.get(ch.name, [])
             due = [r for r in mine if r.state in _WAITING and r.queue in wanted
                    and r.channel_due_at is not None and r.channel_due_at <= now]
-            if not due or (ch.next_start_at is not None and ch.next_start_at > now):
+            if not due:
+                continue
+            if ch.next_start_at is not None and ch.next_start_at > now:
+                rate_waits.append(ch.next_start_at)
                 continue
             settings = self.effective(ch)
             running = sum(1 for r in mine if r.state == State.PROCESSING)
             if allowance(settings, running, 1) > 0:
                 candidates.append((ch, settings, running, mine, due))
+        self.rate_waits[key] = None if candidates else min(rate_waits, default=None)
         out: list[Delivery] = []
         served = 0
         even = share(limit, len(candidates))

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 COMMIT_WATCH_INTERVAL = 0.005
 COMMIT_WATCH_IDLE = 0.05
 
+#: How long after a rate-limited channel may start again the fetcher polls for it: the
+#: database clock must have passed the start, whichever clock the wait was measured on.
+RATE_WAKE_MARGIN = 0.001
+
 #: The least an acquire asks for once the backlog has been caught up with (or the number of
 #: workers, if more, or ``fetch_batch``, if less).
 FETCH_FLOOR = 16
@@ -152,7 +156,8 @@ class Fetcher:
             self.caught_up = len(batch) < limit
             if batch:
                 self._last_work = asyncio.get_running_loop().time()
-            idle, wait = _next_poll(cfg, idle, len(batch), limit)
+            idle, wait = _next_poll(cfg, idle, len(batch), limit,
+                                    self.engine.channel_start_in(cfg.queues))
             if wait > 0:
                 await self._wait_for_work(wait, commits, seen)
             else:
@@ -225,13 +230,19 @@ class Fetcher:
         self.buffer.put_nowait(d)
 
 
-def _next_poll(cfg: SubscriberConfig, idle: float, got: int, limit: int) -> tuple[float, float]:
+def _next_poll(cfg: SubscriberConfig, idle: float, got: int, limit: int,
+               start_in: float | None = None) -> tuple[float, float]:
     """The idle backoff and the wait before the next acquire, after one that found ``got``
     of ``limit``: none while batches come back full, 10 ms after a partial one, doubling
-    towards ``max_fetch_interval`` while nothing is ready."""
+    towards ``max_fetch_interval`` while nothing is ready; but no later than just after
+    ``start_in`` seconds, when a channel's rate lets it start again (a poll a backoff step
+    late would lose that much of the rate)."""
     if got >= limit:
         return 0.0, cfg.min_fetch_interval
     if got:
-        return 0.0, max(cfg.min_fetch_interval, min(0.01, cfg.max_fetch_interval))
-    idle = min(cfg.max_fetch_interval, max(idle * 2, 0.005))
-    return idle, idle
+        wait = max(cfg.min_fetch_interval, min(0.01, cfg.max_fetch_interval))
+    else:
+        idle = wait = min(cfg.max_fetch_interval, max(idle * 2, 0.005))
+    if start_in is not None:
+        wait = min(wait, start_in + RATE_WAKE_MARGIN)
+    return (0.0 if got else idle), wait

@@ -77,6 +77,28 @@ async def test_a_rate_spaces_the_starts(env: Env) -> None:
     await spaced_start(env, after=second)
 
 
+async def test_an_acquire_that_finds_a_channel_waiting_for_its_rate_says_when_it_may_start(
+        env: Env) -> None:
+    await env.engine.set_channel("slow", "q", ChannelSettings(rate=4))
+    await env.engine.set_channel("later", "q", ChannelSettings(rate=4))
+    sent = await publish(env, "slow", 2)
+    await publish(env, "later", 1, delay=60)  # rate-limited, but nothing of it is due
+    assert env.engine.channel_start_in(["q"]) is None  # no acquire has looked yet
+    (first,) = await env.engine.acquire(["q"], 10, 30)
+    assert env.engine.channel_start_in(["q"]) is None  # it started one
+    came = await spaced_start(env, after=first)
+    if not came:  # else the machine was slow enough for the second to be due already
+        start_in = env.engine.channel_start_in(["q"])
+        assert start_in is not None and 0 < start_in <= 0.25, start_in
+        assert env.engine.channel_start_in(["other"]) is None
+        await env.passes(start_in)
+        came = await env.engine.acquire(["q"], 10, 30)
+    assert ids(came) == [sent[1]]
+    assert env.engine.channel_start_in(["q"]) is None
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert env.engine.channel_start_in(["q"]) is None  # "slow" waits for nothing now
+
+
 async def spaced_start(env: Env, *, after: Delivery) -> list[Delivery]:
     """Acquire from a ``rate=4`` channel: what comes started at least 0.25 s after ``after``."""
     came = await env.engine.acquire(["q"], 10, 30)
