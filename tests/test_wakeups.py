@@ -4,7 +4,9 @@ In one process the publish wakes its own subscribers (every database); across pr
 and connections PostgreSQL's NOTIFY does it, and on SQLite the file's commit counter.
 Each test first lets the subscriber idle long enough that its next poll is seconds away
 (``max_fetch_interval=30``: the wait doubles from 5 ms), so a message that arrives well
-before that poll can only have been woken.
+before that poll can only have been woken: the polls fall at about 5, 15, 35, ... 1,275,
+2,555 and then 5,115 ms after the start (later on a slow machine, never sooner), so a
+message published after ``IDLE`` and handled within ``SOON`` of it was woken.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from sqlmq.engines.pg_notify import Listener
 from .conftest import wait_until
 from .procs import ROOT
 
-IDLE = 6.0  # by now the subscriber's next poll is about 10 s after its start
-SOON = 3.0  # well before that poll, on a slow machine too
+IDLE = 2.6  # by now the subscriber's next poll is at 5.1 s or later
+SOON = 2.0  # before that poll, with half a second for a slow start
 
 
 def _subscribe(broker: Broker, handled: list[int]) -> None:
@@ -192,13 +194,13 @@ async def test_commit_in_another_process_wakes_an_idle_sqlite_subscriber(
         handled: list[int] = []
         _subscribe(broker, handled)
         await broker.start()
-        await asyncio.sleep(IDLE)  # the next poll is at about 10 s
+        await asyncio.sleep(IDLE)  # the next poll is at 5.1 s or later
 
         publisher.stdin.write("go\n")
         publisher.stdin.flush()
         msg_id = int(await asyncio.to_thread(publisher.stdout.readline))
 
-        await wait_until(lambda: handled == [msg_id], timeout=2.0,
+        await wait_until(lambda: handled == [msg_id], timeout=SOON,
                          message="the delivery woken by the commit counter")
     finally:
         publisher.kill()
