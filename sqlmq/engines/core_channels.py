@@ -27,6 +27,8 @@ from functools import cached_property
 from typing import Any
 
 from sqlalchemy import (
+    Float,
+    Integer,
     Text,
     bindparam,
     case,
@@ -174,15 +176,19 @@ class ChannelStatements:
 
     async def _acquire_channels(self, queues: Sequence[str], limit: int,
                                 lease: float) -> list[Delivery]:
+        sql, params = self._channel_sql, {"queues": list(queues), "most_channels": limit + 8}
+
         async def read(conn: AsyncConnection) -> tuple[Sequence[Any], float | None]:
-            rows = (await conn.execute(_candidates(self.schema, queues, limit))).all()
+            rows = (await conn.execute(sql.candidates, params)).all()
             if rows:
                 return rows, None
-            soonest = (await conn.execute(_soonest_start(self.schema, queues))).one()
+            soonest = (await conn.execute(sql.soonest_start, params)).one()
             if soonest.at is None:
                 return rows, None
             return rows, time.monotonic() + (soonest.at - soonest.now).total_seconds()
 
+        # Apart from the serve: inside it, under REPEATABLE READ (a caller's own engine),
+        # the recount would read the snapshot this read took before the locks.
         candidates, self._rate_waits[tuple(queues)] = await self._transaction(read)
         if not candidates:
             return []
@@ -191,23 +197,16 @@ class ChannelStatements:
 
     async def _serve(self, conn: AsyncConnection, queues: Sequence[str], limit: int,
                      lease: float, candidates: Sequence[Any]) -> list[Delivery]:
-        c, m = self.schema.channel, self.schema.message
-        names, dialect = [r.name for r in candidates], conn.dialect
-        lock = select(c.c.name, c.c.next_start_at).where(listed(dialect, c.c.name, "names"))
-        if self.LOCK_FOR_REQUEUE:  # not SQLite, where writers take turns
-            lock = lock.with_for_update(skip_locked=True)
+        sql, names = self._channel_sql, [r.name for r in candidates]
         now: datetime = candidates[0].now
         # read again under the lock: another process may have started one since
-        starts = {name: at for name, at in await conn.execute(lock, {"names": names})
+        starts = {name: at for name, at in await conn.execute(sql.lock, {"names": names})
                   if at is None or at <= now}
         chosen = [r for r in candidates if r.name in starts]
         if not chosen:
             return []
         running = dict((await conn.execute(
-            select(m.c.channel, func.count()).where(
-                listed(dialect, m.c.channel, "names"),
-                m.c.state == State.PROCESSING.value).group_by(m.c.channel),
-            {"names": [r.name for r in chosen]})).all())
+            sql.running, {"names": [r.name for r in chosen]})).all())
         even = share(limit, len(chosen))
         plan: dict[str, tuple[int, ChannelSettings, Any]] = {}
         left = limit
@@ -255,15 +254,10 @@ class ChannelStatements:
         first of every channel, then the second, ...), so the workers take turns too.
         Messages of paused queues are left out here, in the transaction that takes them,
         so that a pause is exact across processes."""
-        m = self.schema.message
         ordered = [name for name, (_, s, _) in plan.items() if s.ordered]
         picks: dict[int, tuple[str, datetime]] = {}
         if ordered:
-            heads = select(func.min(m.c.id)).where(m.c.channel.in_(ordered)).group_by(
-                m.c.channel).scalar_subquery()
-            for row in await conn.execute(
-                    select(m.c.id, m.c.channel, m.c.state, m.c.queue, m.c.channel_due_at)
-                    .where(m.c.id.in_(heads), not_paused(self.schema, m.c.queue))):
+            for row in await conn.execute(self._channel_sql.heads, {"ordered": ordered}):
                 if (row.state in _WAITING and row.queue in queues
                         and row.channel_due_at is not None and row.channel_due_at <= now):
                     picks[row.id] = (row.channel, row.channel_due_at)
@@ -283,24 +277,9 @@ class ChannelStatements:
     async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
                     lease: float, holding: set[str]) -> list[Delivery]:
         """Acquire ``picked``; the deliveries of the ``holding`` channels hold a slot."""
-        m = self.schema.message
-        ids, dialect = sorted(picked), conn.dialect
-        await conn.execute(update(m).where(
-            listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
-            m.c.channel_due_at.is_not(None),
-        ).values(
-            state=State.PROCESSING.value, deliveries_count=m.c.deliveries_count + 1,
-            acquired_at=_NOW, first_attempt_at=func.coalesce(m.c.first_attempt_at, _NOW),
-            channel_due_at=None, lease_expires_at=db_now_plus(literal(float(lease)))),
-            {"ids": ids})
-        rows = (await conn.execute(select(
-            m.c.id, m.c.queue, type_coerce(m.c.headers, Text()).label("headers"), m.c.payload,
-            m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
-            m.c.acquired_at, m.c.lease_expires_at, type_coerce(m.c.history, Text()).label(
-                "history"), m.c.priority, m.c.expires_at, m.c.saved_state, m.c.defers_count,
-            m.c.cancel_requested,
-        ).where(listed(dialect, m.c.id, "ids", "id"), m.c.state == State.PROCESSING.value,
-                m.c.channel_due_at.is_(None)), {"ids": ids})).all()
+        sql, ids = self._channel_sql, sorted(picked)
+        await conn.execute(sql.take, {"ids": ids, "lease": float(lease)})
+        rows = (await conn.execute(sql.taken, {"ids": ids})).all()
 
         def decode(r: Any) -> Delivery:
             return Delivery(r.id, r.queue, headers_of(r.headers), blob(r.payload),
@@ -326,16 +305,18 @@ class ChannelStatements:
                       now: datetime) -> None:
         """Mark ``channels`` served now (to the back of the fair-sharing order); under a
         rate, move their next start."""
-        c, dialect = self.schema.channel, conn.dialect
+        sql = self._channel_sql
         order = [n for n in plan if n in channels]
         if order:  # their place in the serving order breaks the tie of a shared served_at
-            where, rank_of = placed(dialect, c.c.name, "names")
-            await conn.execute(update(c).where(where).values(
-                served_at=_NOW, served_rank=rank_of), {"names": order})
+            await conn.execute(sql.served, {"names": order})
         for name in sorted(n for n in order if plan[n][1].rate is not None):
             _, settings, planned = plan[name]
-            await conn.execute(update(c).where(c.c.name == name).values(
-                next_start_at=next_start(settings, planned, now)))
+            await conn.execute(sql.next_start, {
+                "channel": name, "at": next_start(settings, planned, now)})
+
+    @cached_property
+    def _channel_sql(self) -> ChannelSql:
+        return ChannelSql(self.schema, self.db.dialect, self.LOCK_FOR_REQUEUE)
 
 
 class ChannelAdmin:
@@ -421,32 +402,79 @@ def _effective(r: Any) -> ChannelSettings:
                            bool(r.d_ordered), r.d_max_size)
 
 
-def _due_in(schema: Schema, queues: Sequence[str]) -> Any:
-    """A channel row has a message due in ``queues`` (not paused)."""
+class ChannelSql:
+    """The statements of the channels' acquire, built once per engine. Built at every
+    acquire (and their cache keys computed from scratch), they cost about a third of its
+    Python time: py-spy of the limited drain put the acquire at 35 % of the process's CPU,
+    a third of it in building ``_candidates`` and the lists' expressions. Parameters: the
+    subscriber's ``queues`` (an expanding list), ``names``/``ids``/``ordered`` (one list
+    parameter each, :mod:`.sql_lists`), ``most_channels``, ``lease``, ``channel``, ``at``."""
+
+    def __init__(self, schema: Schema, dialect: Dialect, lock_rows: bool) -> None:
+        c, m = schema.channel, schema.message
+        self.candidates = _candidates(schema)
+        self.soonest_start = _soonest_start(schema)
+        self.lock = select(c.c.name, c.c.next_start_at).where(
+            listed(dialect, c.c.name, "names"))
+        if lock_rows:  # not SQLite, where writers take turns
+            self.lock = self.lock.with_for_update(skip_locked=True)
+        self.running = select(m.c.channel, func.count()).where(
+            listed(dialect, m.c.channel, "names"),
+            m.c.state == State.PROCESSING.value).group_by(m.c.channel)
+        heads = select(func.min(m.c.id)).where(listed(dialect, m.c.channel, "ordered")
+                                               ).group_by(m.c.channel).scalar_subquery()
+        self.heads = select(m.c.id, m.c.channel, m.c.state, m.c.queue,
+                            m.c.channel_due_at).where(m.c.id.in_(heads),
+                                                      not_paused(schema, m.c.queue))
+        self.take = update(m).where(
+            listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
+            m.c.channel_due_at.is_not(None),
+        ).values(
+            state=State.PROCESSING.value, deliveries_count=m.c.deliveries_count + 1,
+            acquired_at=_NOW, first_attempt_at=func.coalesce(m.c.first_attempt_at, _NOW),
+            channel_due_at=None,
+            lease_expires_at=db_now_plus(bindparam("lease", type_=Float())))
+        self.taken = select(
+            m.c.id, m.c.queue, type_coerce(m.c.headers, Text()).label("headers"), m.c.payload,
+            m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
+            m.c.acquired_at, m.c.lease_expires_at, type_coerce(m.c.history, Text()).label(
+                "history"), m.c.priority, m.c.expires_at, m.c.saved_state, m.c.defers_count,
+            m.c.cancel_requested,
+        ).where(listed(dialect, m.c.id, "ids", "id"), m.c.state == State.PROCESSING.value,
+                m.c.channel_due_at.is_(None))
+        where, rank_of = placed(dialect, c.c.name, "names")
+        self.served = update(c).where(where).values(served_at=_NOW, served_rank=rank_of)
+        self.next_start = update(c).where(c.c.name == bindparam("channel")).values(
+            next_start_at=bindparam("at", type_=c.c.next_start_at.type))
+
+
+def _due_in(schema: Schema) -> Any:
+    """A channel row has a message due in the ``queues`` (not paused)."""
     m, c = schema.message, schema.channel
     return exists().where(m.c.channel == c.c.name, m.c.state.in_(_WAITING),
-                          m.c.queue.in_(list(queues)), not_paused(schema, m.c.queue),
-                          m.c.channel_due_at <= _NOW)
+                          m.c.queue.in_(bindparam("queues", expanding=True)),
+                          not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW)
 
 
-def _soonest_start(schema: Schema, queues: Sequence[str]) -> Any:
+def _soonest_start(schema: Schema) -> Any:
     """When the soonest channel that waits only for its rate (a message of its is due in
-    ``queues``) may start again (``at``; NULL: none), and the database's now."""
+    the ``queues``) may start again (``at``; NULL: none), and the database's now."""
     c = schema.channel
     return select(func.min(c.c.next_start_at).label("at"), _NOW.label("now")).where(
-        c.c.next_start_at > _NOW, _due_in(schema, queues))
+        c.c.next_start_at > _NOW, _due_in(schema))
 
 
-def _candidates(schema: Schema, queues: Sequence[str], limit: int) -> Any:
-    """Channels worth locking for an acquire of ``limit`` from ``queues``, least recently
-    served first: a message of theirs is due in one of the queues, and they are neither at
-    their concurrency limit (ordered: one running) nor waiting for their rate. Read
-    without locks; :meth:`ChannelStatements._serve` checks again under them."""
+def _candidates(schema: Schema) -> Any:
+    """Channels worth locking for an acquire from the ``queues``, least recently served
+    first, up to ``most_channels``: a message of theirs is due in one of the queues, and
+    they are neither at their concurrency limit (ordered: one running) nor waiting for
+    their rate. Read without locks; :meth:`ChannelStatements._serve` checks again under
+    them."""
     c, d, m = schema.channel, schema.channel_default, schema.message
     running = (select(func.count()).where(m.c.channel == c.c.name,
                                           m.c.state == State.PROCESSING.value)
                .scalar_subquery())
-    due = _due_in(schema, queues)
+    due = _due_in(schema)
     own = c.c.configured == 1
     max_concurrency = case((own, c.c.max_concurrency), else_=d.c.max_concurrency)
     ordered = func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0)
@@ -459,7 +487,7 @@ def _candidates(schema: Schema, queues: Sequence[str], limit: int) -> Any:
                    or_(ordered == 0, running == 0),
                    or_(c.c.next_start_at.is_(None), c.c.next_start_at <= _NOW))
             .order_by(c.c.served_at.is_not(None), c.c.served_at, c.c.served_rank, c.c.name)
-            .limit(limit + 8))
+            .limit(bindparam("most_channels", type_=Integer())))
 
 
 __all__ = ["CHANNEL_LOOK_INTERVAL", "ChannelAdmin", "ChannelStatements", "channel_flow"]
