@@ -74,16 +74,15 @@ def listed(dialect: Dialect, column: Any, key: str, of: str = "name") -> ColumnE
 
 def placed(dialect: Dialect, column: Any, key: str) -> tuple[ColumnElement[bool], Any]:
     """For an UPDATE of the rows whose ``column`` is in the list of names bound as ``key``:
-    its condition, and each row's place (from 1) in the list. On MariaDB the list is
-    joined to the rows updated; a subquery per row read the whole list for
-    each (120 ms for 500 names)."""
+    its condition, and each row's place (from 1) in the list: the list joined to the rows
+    updated (UPDATE ... FROM, SQLite >= 3.33). A place looked up per row reads the list
+    for each: on MariaDB a subquery took 120 ms for 500 names; PostgreSQL's
+    ``array_position`` 12.5 ms of a 1,000-channel acquire's 55, the join 2.3 ms."""
     if dialect.name == "postgresql":
-        param = _param(key, "name")
-        return column == any_(param), func.array_position(param, column)
+        items = func.unnest(_param(key, "name")).table_valued(
+            "v", with_ordinality="i").render_derived(name="j")
+        return column == items.c.v, items.c.i
     items = _items(dialect, key, "name")
-    if dialect.name == "sqlite":
-        return (column.in_(select(items.c.v)),
-                select(items.c.i).where(items.c.v == column).scalar_subquery())
     return column == items.c.v, items.c.i
 
 
