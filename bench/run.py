@@ -8,6 +8,7 @@
     .venv/bin/python -m bench.run held [--held-rate 2000 --held-seconds 300 --hold-at 60
                                     --hold 180]
     .venv/bin/python -m bench.run channels --db all [--n 20000 --channels 1000]
+                                    [--cases plain,spread,ordered,limited,fairness]
 
 Prints one table per benchmark (medians over ``--repeat`` rounds; ratios are taken within
 each round, then their median), followed by the command line that reproduces it. Run
@@ -68,7 +69,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="held: seconds the transaction stays open")
     p.add_argument("--channels", type=int, default=1000,
                    help="channels: how many channels the spread drains use")
+    p.add_argument("--cases", default=",".join(CHANNEL_CASES),
+                   help="channels: which runs, of " + ",".join(CHANNEL_CASES))
     return p.parse_args(argv)
+
+
+#: The runs of ``channels``.
+CHANNEL_CASES = ("plain", "spread", "ordered", "limited", "fairness")
 
 
 def dbs(args: argparse.Namespace) -> list[str]:
@@ -293,21 +300,24 @@ def run_channels(args: argparse.Namespace) -> str:
 
     limited, limit, sleep = 8, 2, 0.01
     expected = limited * limit / sleep
+    cases = _channel_cases(args.cases)
+    runs: dict[str, Any] = {
+        "plain": lambda db: drain_rate(db, args.n),
+        "spread": lambda db: drain_rate(db, args.n, args.channels),
+        "ordered": lambda db: drain_rate(db, args.n, args.channels, ordered=True),
+        "limited": lambda db: drain_rate(
+            db, int(expected * 5), limited, sleep,
+            {"workers": LIMITED_WORKERS, "fetch_batch": LIMITED_WORKERS,
+             "prefetch": LIMITED_WORKERS}, max_concurrency=limit),
+    }
     out = []
     for db in dbs(args):
         rounds: list[dict[str, float]] = []
         for r in range(args.repeat):
-            got = {
-                "plain": asyncio.run(drain_rate(db, args.n)),
-                "spread": asyncio.run(drain_rate(db, args.n, args.channels)),
-                "ordered": asyncio.run(drain_rate(db, args.n, args.channels, ordered=True)),
-                "limited": asyncio.run(drain_rate(
-                    db, int(expected * 5), limited, sleep,
-                    {"workers": LIMITED_WORKERS, "fetch_batch": LIMITED_WORKERS,
-                     "prefetch": LIMITED_WORKERS}, max_concurrency=limit)),
-            }
-            indices = asyncio.run(fairness(db))
-            got["jain_min"], got["jain_mean"] = min(indices), sum(indices) / len(indices)
+            got = {case: asyncio.run(runs[case](db)) for case in cases if case in runs}
+            if "fairness" in cases:
+                indices = asyncio.run(fairness(db))
+                got["jain_min"], got["jain_mean"] = min(indices), sum(indices) / len(indices)
             rounds.append(got)
             _log(f"{db} round {r + 1}: " + ", ".join(f"{k} {v:,.2f}" for k, v in got.items()))
 
@@ -317,25 +327,47 @@ def run_channels(args: argparse.Namespace) -> str:
         def ratio(key: str, rounds: list[dict[str, float]] = rounds) -> str:
             return f"{100 * median([g[key] / g['plain'] for g in rounds]):.0f}%"
 
-        rows = [
-            ["plain drain (no channel)", med("plain"), "100%", ""],
-            [f"{args.channels:,} channels, no limits", med("spread"), ratio("spread"),
-             ">= 80%"],
-            [f"{args.channels:,} ordered channels", med("ordered"), ratio("ordered"), ">= 70%"],
-            [f"{limited} channels x max_concurrency={limit}, {sleep * 1000:.0f} ms handlers",
-             med("limited"), f"{100 * med('limited') / expected:.0f}% of {expected:,.0f}",
-             "100% of the sum of limits"],
-        ]
-        text = table(f"channels on {db}: drains of {args.n:,} messages of 64 bytes, no-op "
-                     f"handler unless said, {args.repeat} rounds (msg/s)",
-                     ["run", "median msg/s", "vs plain", "target"], rows)
-        text += (f"\nfairness: 10 channels, backlogs 100,000 : 100 (x9), 4 workers, 20 ms "
-                 f"handlers, no limits: Jain's index per 1 s window while all had work: "
-                 f"min {med('jain_min'):.3f}, mean {med('jain_mean'):.3f} (target >= 0.9)")
+        every = {
+            "plain": ["plain drain (no channel)", "plain", "100%", ""],
+            "spread": [f"{args.channels:,} channels, no limits", "spread", "ratio", ">= 80%"],
+            "ordered": [f"{args.channels:,} ordered channels", "ordered", "ratio", ">= 70%"],
+            "limited": [f"{limited} channels x max_concurrency={limit}, "
+                        f"{sleep * 1000:.0f} ms handlers", "limited", "limits",
+                        "100% of the sum of limits"],
+        }
+        rows = []
+        for case in (c for c in every if c in cases):
+            label, key, share, target = every[case]
+            if share == "ratio":
+                share = ratio(key)
+            elif share == "limits":
+                share = f"{100 * med(key) / expected:.0f}% of {expected:,.0f}"
+            rows.append([label, med(key), share, target])
+        text = table(f"channels on {db}: drains of {args.n:,} messages of 64 bytes (the "
+                     f"limited run {int(expected * 5):,}), no-op handler unless said, "
+                     f"{args.repeat} rounds (msg/s)",
+                     ["run", "median msg/s", "vs plain", "target"], rows) if rows else ""
+        if "fairness" in cases:
+            text += (f"\nfairness: 10 channels, backlogs 100,000 : 100 (x9), 4 workers, 20 ms "
+                     f"handlers, no limits: Jain's index per 1 s window while all had work: "
+                     f"min {med('jain_min'):.3f}, mean {med('jain_mean'):.3f} (target >= 0.9)")
         cfg = ", ".join(f"{k}={v}" for k, v in SQLMQ_DRAIN.items())
         text += f"\nsqlmq config: one process, {cfg}; limited runs: {LIMITED_WORKERS} workers"
         out.append(text)
     return "\n\n".join(out)
+
+
+def _channel_cases(given: str) -> list[str]:
+    """``--cases`` checked; ``plain`` added where a ratio to it is asked for (the ratios
+    are taken within each round)."""
+    cases = [c.strip() for c in given.split(",") if c.strip()]
+    unknown = sorted(set(cases) - set(CHANNEL_CASES))
+    if unknown:
+        raise SystemExit(f"unknown --cases {', '.join(unknown)}: choose from "
+                         f"{', '.join(CHANNEL_CASES)}")
+    if {"spread", "ordered"} & set(cases) and "plain" not in cases:
+        cases.insert(0, "plain")
+    return cases
 
 
 # ---- processes curve -----------------------------------------------------------------------
