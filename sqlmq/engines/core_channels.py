@@ -64,7 +64,7 @@ from ..sqltime import db_now_plus
 from .core_operations import not_paused
 from .core_publish import Flow, Step, publish_flow
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
-from .sql_lists import listed, placed
+from .sql_lists import listed, served_in_order
 
 _NOW = db_now_plus(literal(0.0))
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
@@ -442,8 +442,7 @@ class ChannelSql:
             m.c.cancel_requested,
         ).where(listed(dialect, m.c.id, "ids", "id"), m.c.state == State.PROCESSING.value,
                 m.c.channel_due_at.is_(None))
-        where, rank_of = placed(dialect, c.c.name, "names")
-        self.served = update(c).where(where).values(served_at=_NOW, served_rank=rank_of)
+        self.served = served_in_order(dialect, c, "names")
         self.next_start = update(c).where(c.c.name == bindparam("channel")).values(
             next_start_at=bindparam("at", type_=c.c.next_start_at.type))
 
