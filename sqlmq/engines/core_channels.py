@@ -228,23 +228,6 @@ class ChannelStatements:
         await self._served(conn, {channel for channel, _ in picked.values()}, plan, now)
         return out
 
-    @cached_property
-    def _due_per_channel(self) -> Any:
-        """Each named channel's due messages in ``queues`` numbered in acquire order
-        (priority, due time, id), up to ``most`` each: one statement whatever the number
-        of channels (a UNION ALL of a LIMIT per channel cost more to build and plan than
-        to run, and ran at 3 % of the plain drain's speed with 1,000 channels)."""
-        m = self.schema.message
-        numbered = select(
-            m.c.id, m.c.channel, m.c.channel_due_at,
-            func.row_number().over(
-                partition_by=m.c.channel,
-                order_by=(m.c.priority.desc(), m.c.channel_due_at, m.c.id)).label("rn"),
-        ).where(m.c.channel.in_(bindparam("names", expanding=True)),
-                m.c.state.in_(_WAITING), m.c.queue.in_(bindparam("queues", expanding=True)),
-                not_paused(self.schema, m.c.queue), m.c.channel_due_at <= _NOW).subquery()
-        return select(numbered).where(numbered.c.rn <= bindparam("most"))
-
     async def _pick(self, conn: AsyncConnection, queues: Sequence[str],
                     plan: dict[str, tuple[int, ChannelSettings, Any]],
                     now: datetime) -> dict[int, tuple[str, datetime]]:
@@ -264,7 +247,7 @@ class ChannelStatements:
         position = {name: i for i, name in enumerate(plan)}
         unordered = {name: n for name, (n, settings, _) in plan.items() if not settings.ordered}
         if unordered:
-            found = (await conn.execute(self._due_per_channel, {
+            found = (await conn.execute(self._channel_sql.due_per_channel, {
                 "names": sorted(unordered), "queues": list(queues),
                 "most": max(unordered.values())})).all()
             # the first of every channel, then the second of every channel, ...
@@ -408,7 +391,8 @@ class ChannelSql:
     Python time: py-spy of the limited drain put the acquire at 35 % of the process's CPU,
     a third of it in building ``_candidates`` and the lists' expressions. Parameters: the
     subscriber's ``queues`` (an expanding list), ``names``/``ids``/``ordered`` (one list
-    parameter each, :mod:`.sql_lists`), ``most_channels``, ``lease``, ``channel``, ``at``."""
+    parameter each, :mod:`.sql_lists`; the pick's ``names`` expand), ``most_channels``,
+    ``most``, ``lease``, ``channel``, ``at``."""
 
     def __init__(self, schema: Schema, dialect: Dialect, lock_rows: bool) -> None:
         c, m = schema.channel, schema.message
@@ -426,6 +410,7 @@ class ChannelSql:
         self.heads = select(m.c.id, m.c.channel, m.c.state, m.c.queue,
                             m.c.channel_due_at).where(m.c.id.in_(heads),
                                                       not_paused(schema, m.c.queue))
+        self.due_per_channel = _due_per_channel(schema)
         self.take = update(m).where(
             listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
             m.c.channel_due_at.is_not(None),
@@ -445,6 +430,23 @@ class ChannelSql:
         self.served = served_in_order(dialect, c, "names")
         self.next_start = update(c).where(c.c.name == bindparam("channel")).values(
             next_start_at=bindparam("at", type_=c.c.next_start_at.type))
+
+
+def _due_per_channel(schema: Schema) -> Any:
+    """Each named channel's due messages in the ``queues`` numbered in acquire order
+    (priority, due time, id), up to ``most`` each: one statement whatever the number of
+    channels (a UNION ALL of a LIMIT per channel cost more to build and plan than to run,
+    and ran at 3 % of the plain drain's speed with 1,000 channels)."""
+    m = schema.message
+    numbered = select(
+        m.c.id, m.c.channel, m.c.channel_due_at,
+        func.row_number().over(
+            partition_by=m.c.channel,
+            order_by=(m.c.priority.desc(), m.c.channel_due_at, m.c.id)).label("rn"),
+    ).where(m.c.channel.in_(bindparam("names", expanding=True)),
+            m.c.state.in_(_WAITING), m.c.queue.in_(bindparam("queues", expanding=True)),
+            not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW).subquery()
+    return select(numbered).where(numbered.c.rn <= bindparam("most"))
 
 
 def _due_in(schema: Schema) -> Any:
