@@ -240,9 +240,9 @@ def _next_poll(cfg: SubscriberConfig, idle: float, got: int, limit: int,
     if got >= limit:
         return 0.0, cfg.min_fetch_interval
     if got:
-        wait = max(cfg.min_fetch_interval, min(0.01, cfg.max_fetch_interval))
+        idle, wait = 0.0, max(cfg.min_fetch_interval, min(0.01, cfg.max_fetch_interval))
     else:
         idle = wait = min(cfg.max_fetch_interval, max(idle * 2, 0.005))
     if start_in is not None:
         wait = min(wait, start_in + RATE_WAKE_MARGIN)
-    return (0.0 if got else idle), wait
+    return idle, wait
