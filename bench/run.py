@@ -327,22 +327,19 @@ def run_channels(args: argparse.Namespace) -> str:
         def ratio(key: str, rounds: list[dict[str, float]] = rounds) -> str:
             return f"{100 * median([g[key] / g['plain'] for g in rounds]):.0f}%"
 
-        every = {
-            "plain": ["plain drain (no channel)", "plain", "100%", ""],
-            "spread": [f"{args.channels:,} channels, no limits", "spread", "ratio", ">= 80%"],
-            "ordered": [f"{args.channels:,} ordered channels", "ordered", "ratio", ">= 70%"],
-            "limited": [f"{limited} channels x max_concurrency={limit}, "
-                        f"{sleep * 1000:.0f} ms handlers", "limited", "limits",
-                        "100% of the sum of limits"],
+        every = {  # the case: its label, its share (of plain, of the limits), its target
+            "plain": ("plain drain (no channel)", lambda: "100%", ""),
+            "spread": (f"{args.channels:,} channels, no limits", lambda: ratio("spread"),
+                       ">= 80%"),
+            "ordered": (f"{args.channels:,} ordered channels", lambda: ratio("ordered"),
+                        ">= 70%"),
+            "limited": (f"{limited} channels x max_concurrency={limit}, "
+                        f"{sleep * 1000:.0f} ms handlers",
+                        lambda: f"{100 * med('limited') / expected:.0f}% of {expected:,.0f}",
+                        "100% of the sum of limits"),
         }
-        rows = []
-        for case in (c for c in every if c in cases):
-            label, key, share, target = every[case]
-            if share == "ratio":
-                share = ratio(key)
-            elif share == "limits":
-                share = f"{100 * med(key) / expected:.0f}% of {expected:,.0f}"
-            rows.append([label, med(key), share, target])
+        rows = [[label, med(case), share(), target]
+                for case, (label, share, target) in every.items() if case in cases]
         text = table(f"channels on {db}: drains of {args.n:,} messages of 64 bytes (the "
                      f"limited run {int(expected * 5):,}), no-op handler unless said, "
                      f"{args.repeat} rounds (msg/s)",
