@@ -20,9 +20,20 @@ channel, under the channel's settings, stored in the database so every process s
   and running) is refused with :class:`~sqlmq.errors.ChannelFull`, nothing written.
 
 A channel without settings of its own takes the default of the queue it was first published
-to (``set_channel_default``), else has no limits. **Fair sharing**: each acquire serves the
-channels least recently served first, taking an even share of its batch from each, so a
-channel with a long backlog does not starve the others.
+to (``set_channel_default``), else has no limits.
+
+**Fair sharing** (schema version 13), so a channel with a long backlog does not starve the
+others. Each channel message is given a *turn* when it is published: the channel's next
+turn after its last one, or, if that has passed (the channel had nothing waiting), the
+turn its queue is being served at (the queue's clock, moved on by the acquires). So the
+first messages of every channel share turn 1, the second ones turn 2 and so on, and a
+channel that joins late joins the current round rather than the back of everyone's
+backlog. The message's ``fair_key`` packs its priority above its turn, and channels
+without limits are taken in ``fair_key`` order: one ordered read of an index, as plain
+messages are taken, round-robin across channels. Channels with limits are taken apart,
+least recently served first, under their row locks, an even share each; they go first in
+an acquire, so that their limits, not the unlimited channels' backlog, decide how much they
+run.
 
 This module holds the model: settings, their validation, and what an acquire may take from
 one channel. The engines do the reading and locking (:mod:`sqlmq.engines.core_channels`,
@@ -37,7 +48,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import ChannelFull, ConfigurationError
+from .schema import MAX_PRIORITY
 from .subscriber import check_name
+
+#: A fair key's low bits hold the turn; those above them, the priority (highest first).
+TURN_BITS = 46
+_TURN_MASK = (1 << TURN_BITS) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +85,12 @@ class ChannelSettings:
                                      f"or None (no limit), got {rate!r}")
         if not isinstance(self.ordered, bool):
             raise ConfigurationError(f"ordered must be True or False, got {self.ordered!r}")
+
+    @property
+    def limited(self) -> bool:
+        """Whether an acquire must count, time or order the channel's starts (else its
+        messages are taken in fair order alone, without locking its row)."""
+        return self.ordered or self.max_concurrency is not None or self.rate is not None
 
     @property
     def interval(self) -> float | None:
@@ -117,6 +139,23 @@ def check_size(name: str, size: int, adding: int, limit: int) -> None:
             f"nothing was written")
 
 
+def first_turn(last_turn: int, clock: int | None) -> int:
+    """The turn of the first of a channel's new messages (the others follow one turn each):
+    the one after the channel's last, or after its queue's ``clock`` if that is later
+    (the channel had nothing waiting: it joins the round being served)."""
+    return max(last_turn, clock or 0) + 1
+
+
+def fair_key(priority: int, turn: int) -> int:
+    """A channel message's place in its queue's fair order: higher priority first, then
+    lower turn (ties: lower id)."""
+    return ((MAX_PRIORITY - priority) << TURN_BITS) | (turn & _TURN_MASK)
+
+
+def turn_of(key: int) -> int:
+    return key & _TURN_MASK
+
+
 def share(limit: int, channels: int) -> int:
     """How many one channel may give to an acquire of ``limit`` spread over ``channels``:
     an even share, rounded up (the batch is cut at ``limit`` in serving order)."""
@@ -149,5 +188,6 @@ def next_start(settings: ChannelSettings, planned: datetime | None,
     return now + step
 
 
-__all__ = ["NO_LIMITS", "ChannelInfo", "ChannelSettings", "allowance", "check_channel",
-           "check_size", "next_start", "share"]
+__all__ = ["NO_LIMITS", "TURN_BITS", "ChannelInfo", "ChannelSettings", "allowance",
+           "check_channel", "check_size", "fair_key", "first_turn", "next_start", "share",
+           "turn_of"]

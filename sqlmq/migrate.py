@@ -10,13 +10,33 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Column, Connection, Index, MetaData, String, Table, func, inspect, select
+from sqlalchemy import (
+    Column,
+    Connection,
+    Index,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    func,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn, ExecutableDDLElement
 
+from .channels import NO_LIMITS, ChannelSettings, fair_key
 from .errors import SchemaError
-from .schema import SCHEMA_VERSION, Schema, channel_index_of, dedup_index_of, ready_index_of
+from .schema import (
+    SCHEMA_VERSION,
+    Schema,
+    channel_index_of,
+    dedup_index_of,
+    fair_index_of,
+    ready_index_of,
+)
 
 
 def _v1(conn: Connection, schema: Schema) -> None:
@@ -152,6 +172,41 @@ def _v12(conn: Connection, schema: Schema) -> None:
         conn.execute(AddColumn(a.c.channel))
 
 
+def _v13(conn: Connection, schema: Schema) -> None:
+    """Fair order (see :mod:`sqlmq.channels`): the message table's ``fair_key`` and its
+    index, the channel table's ``last_turn``, the queues' clocks. The channel messages
+    already there, in channels without limits, get their turns as a publish would have
+    given them (a channel's n-th message turn n, priority above), so none is left out of
+    the fair acquire."""
+    m, c = schema.message, schema.channel
+    if "fair_key" not in {col["name"] for col in inspect(conn).get_columns(m.name)}:
+        conn.execute(AddColumn(m.c.fair_key))
+    if "last_turn" not in {col["name"] for col in inspect(conn).get_columns(c.name)}:
+        conn.execute(AddColumn(c.c.last_turn))
+    index = fair_index_of(schema)
+    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
+        index.create(conn)
+    schema.metadata.create_all(conn, tables=[schema.channel_clock], checkfirst=True)
+    defaults = {r.queue: ChannelSettings.from_row(r)
+                for r in conn.execute(select(schema.channel_default))}
+    free = {r.name for r in conn.execute(select(c))
+            if not (ChannelSettings.from_row(r) if r.configured
+                    else defaults.get(r.queue, NO_LIMITS)).limited}
+    turns: dict[str, int] = {}
+    keys = []
+    for msg_id, channel, priority in conn.execute(
+            select(m.c.id, m.c.channel, m.c.priority)
+            .where(m.c.channel.is_not(None), m.c.fair_key.is_(None)).order_by(m.c.id)):
+        if channel in free:
+            turns[channel] = turns.get(channel, 0) + 1
+            keys.append({"i": msg_id, "k": fair_key(priority, turns[channel])})
+    if keys:
+        conn.execute(update(m).where(m.c.id == bindparam("i")).values(
+            fair_key=bindparam("k")), keys)
+        conn.execute(update(c).where(c.c.name == bindparam("n")).values(
+            last_turn=bindparam("t")), [{"n": n, "t": t} for n, t in turns.items()])
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -168,7 +223,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
-    11: _v11, 12: _v12}
+    11: _v11, 12: _v12, 13: _v13}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

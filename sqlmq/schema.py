@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -178,6 +178,21 @@ def channel_index(message: Table) -> Index:
                  sqlite_where=text("channel IS NOT NULL"))
 
 
+def fair_index(message: Table) -> Index:
+    """``(queue, fair_key, id)``: the channels' messages in their queue's fair order (schema
+    version 13). ``fair_key`` packs a channel message's priority and its channel's turn
+    (see :func:`sqlmq.channels.fair_key`), so that channels without limits are taken by
+    one ordered read of this index, as plain messages are of the ready index; every
+    channel shares each turn, so ``id`` orders within one (without it, PostgreSQL read
+    each turn whole to sort it). Partial where
+    the database can: a waiting channel message only (``channel_due_at`` set). MySQL and
+    MariaDB keep an entry per row, a NULL key for the others, which sorts before the
+    keys a read looks for."""
+    return Index(f"ix_{message.name}_fair", message.c.queue, message.c.fair_key, message.c.id,
+                 postgresql_where=text("channel_due_at IS NOT NULL"),
+                 sqlite_where=text("channel_due_at IS NOT NULL"))
+
+
 def ready_index(message: Table) -> Index:
     """The index acquire reads on PostgreSQL and SQLite, in acquire's order: highest priority
     first, then ready time, then id (FIFO within a priority). Partial: PROCESSING rows (no
@@ -217,6 +232,11 @@ def dedup_index_of(schema: Schema) -> Index:
     return _index_of(schema, f"ux_{schema.message.name}_dedup")
 
 
+def fair_index_of(schema: Schema) -> Index:
+    """The fair-order index of ``schema``'s message table (schema version 13)."""
+    return _index_of(schema, f"ix_{schema.message.name}_fair")
+
+
 def channel_index_of(schema: Schema) -> Index:
     """The channel index of ``schema``'s message table (schema version 10)."""
     return _index_of(schema, f"ix_{schema.message.name}_channel")
@@ -254,6 +274,8 @@ class Schema:
     #: :mod:`sqlmq.channels`).
     channel: Table
     channel_default: Table
+    #: Per queue, the turn its channels without limits are served at (schema version 13).
+    channel_clock: Table
     #: The live workers registry and the paused queues (schema version 11; see
     #: :mod:`sqlmq.maintenance.heartbeat` and :mod:`sqlmq.engines.core_operations`).
     worker: Table
@@ -262,7 +284,9 @@ class Schema:
     @property
     def names(self) -> dict[str, str]:
         return {"m": self.message.name, "a": self.archive.name, "v": self.version.name,
-                "pause": self.queue_pause.name}
+                "pause": self.queue_pause.name, "channel": self.channel.name,
+                "channel_default": self.channel_default.name,
+                "channel_clock": self.channel_clock.name}
 
 
 def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Schema:
@@ -298,6 +322,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("dedup_key", DedupKey()),
         *_control_columns(),  # schema version 9
         *_channel_columns(),  # schema version 10
+        Column("fair_key", BigInteger),  # schema version 13: see fair_index
         *_key_and_lease_indexes(m),
         # Without AUTOINCREMENT SQLite reuses the ids of deleted rows: once the newest
         # messages are archived, a new message would get an id the archive already has.
@@ -306,6 +331,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     ready_index(message)
     ready_index_asc(message)
     channel_index(message)
+    fair_index(message)
     a = f"{prefix}archive"
     archive = Table(
         a,
@@ -388,14 +414,19 @@ def _channel_settings() -> list[Column[Any]]:
             Column("max_size", Integer)]
 
 
-def _channel_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
+def _channel_tables(prefix: str, md: MetaData) -> tuple[Table, Table, Table]:
     """``channel``: a row per channel, made by its first publish (or by its settings): the
     queue of that publish (whose default it takes), its own settings if ``configured``,
     when it was last served (fair sharing serves the least recently served first; the
     channels one acquire served share its time, and ``served_rank`` keeps the order it served
     them in, so that the next acquire does not favour the first names) and when
-    its rate lets it start next. Its acquires lock the row, so they take turns per channel.
-    ``channel_default``: a queue's settings for its channels without their own."""
+    its rate lets it start next, and the last turn its messages were given
+    (``last_turn``, schema version 13). Its publishes, and the acquires of a channel with
+    limits, lock the row, so they take turns per channel.
+    ``channel_default``: a queue's settings for its channels without their own.
+    ``channel_clock``: per queue, the turn its channels are being served at, which a channel
+    that had no waiting message joins (schema version 13; see
+    :func:`sqlmq.channels.turns`)."""
     channel = Table(
         f"{prefix}channel",
         md,
@@ -407,6 +438,7 @@ def _channel_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
         Column("served_at", UTCDateTime()),
         Column("served_rank", Integer),
         Column("next_start_at", UTCDateTime()),
+        Column("last_turn", BigInteger, nullable=False, server_default=text("0")),
     )
     default = Table(
         f"{prefix}channel_default",
@@ -414,7 +446,13 @@ def _channel_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
         Column("queue", QueueName(), primary_key=True),
         *_channel_settings(),
     )
-    return channel, default
+    clock = Table(
+        f"{prefix}channel_clock",
+        md,
+        Column("queue", QueueName(), primary_key=True),
+        Column("turn", BigInteger, nullable=False),
+    )
+    return channel, default, clock
 
 
 def _topic_group(prefix: str, md: MetaData) -> Table:

@@ -185,3 +185,35 @@ async def test_a_slot_is_given_back_without_waiting_for_the_flush_interval(
         [("one-at-a-time", f"m{n}") for n in range(5)]
         + [("in-order", f"o{n}") for n in range(5)] + [(None, "plain")], key=str)
     assert [b for c, b in seen if c == "in-order"] == [f"o{n}" for n in range(5)]
+
+
+async def test_a_limit_another_broker_sets_holds_from_the_next_acquire(
+        broker: Broker, db_url: str, prefix: str) -> None:
+    """A broker that has seen no limit skips the limited acquire, but its fair acquire reads
+    each channel's settings with the rows: a limit another broker sets is kept from its next
+    acquire, and the channel's messages are served under it once this broker looks again
+    (within a second)."""
+    from sqlmq.lifecycle import Outcome
+    from sqlmq.records import Settlement
+
+    other = sibling(broker, db_url, prefix)
+    engine = broker.engine
+    try:
+        sent = await broker.publish_batch("q", [b"a", b"b", b"c"], channel="x")
+        free = await broker.publish_batch("q", [b"f"], channel="y")
+        (first,) = await engine.acquire(["q"], 1, 30)  # x's first: no limit anywhere yet
+        assert first.id == sent[0]
+        await other.set_channel("x", max_concurrency=1)
+        assert [d.id for d in await engine.acquire(["q"], 10, 30)] == free
+        assert await engine.settle([Settlement(first.id, first.deliveries,
+                                               Outcome.COMPLETE)]) == {first.id}
+        got: list[int] = []
+        for _ in range(40):
+            got = [d.id for d in await engine.acquire(["q"], 10, 30)]
+            if got:
+                break
+            await asyncio.sleep(0.1)
+        assert got == [sent[1]]
+        assert await engine.acquire(["q"], 10, 30) == []  # its one slot is taken
+    finally:
+        await other.close()

@@ -229,8 +229,8 @@ async def test_channel_and_cancel_calls_run_again_when_a_pooled_connection_is_de
     ]
     results = []
     for call in calls:
-        engine._channels_seen = False  # the acquire looks for channels again
-        engine._channels_looked_at = float("-inf")
+        engine._lookouts.channels.seen = False  # the acquire looks for channels again
+        engine._lookouts.channels.looked_at = float("-inf")
         dead[0] = 1
         results.append(await call())
         assert dead[0] == 0

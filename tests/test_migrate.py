@@ -128,7 +128,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 12
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 13
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -235,7 +235,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 12
+        assert await broker.migrate() == SCHEMA_VERSION == 13
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -272,7 +272,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 12
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 13
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -318,13 +318,52 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 12
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 13
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
             "FAILED", None, b"dead")
         assert await brokers[1].requeue(ids=[7]) == 1
         assert [d.id for d in await brokers[1].engine.acquire(["q"], 10, 30)] == [7]
+    finally:
+        for b in brokers:
+            await b.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_13_gives_the_waiting_channel_messages_their_turns(
+        db_url: str, prefix: str) -> None:
+    """A version-12 schema (no fair order) holding channel messages: four brokers migrate
+    it at once; each channel's n-th message gets turn n, so the acquire after it takes
+    them round-robin, and a publish after it follows on."""
+    from sqlalchemy import text
+
+    brokers = [Broker(db_url, table_prefix=prefix) for _ in range(4)]
+    schema = brokers[0].schema
+    m, c = schema.message, schema.channel
+    try:
+        await brokers[0].migrate()
+        a = await brokers[0].publish_batch("q", [b"a1", b"a2", b"a3"], channel="a")
+        (b1,) = await brokers[0].publish_batch("q", [b"b1"], channel="b")
+        async with brokers[0].db.begin() as conn:
+            await conn.execute(text(f"DROP INDEX ix_{m.name}_fair"
+                                    + (f" ON {m.name}" if db_url.startswith(("mysql", "mariadb"))
+                                       else "")))
+            await conn.execute(text(f"ALTER TABLE {m.name} DROP COLUMN fair_key"))
+            await conn.execute(text(f"ALTER TABLE {c.name} DROP COLUMN last_turn"))
+            await conn.execute(text(f"DROP TABLE {schema.channel_clock.name}"))
+            await conn.execute(schema.version.delete().where(schema.version.c.version == 13))
+        with pytest.raises(SchemaError, match="version 12"):
+            await brokers[0].check_schema()
+        versions = await asyncio.gather(*(b.migrate() for b in brokers))
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 13
+        await brokers[0].check_schema()
+        got = await brokers[1].engine.acquire(["q"], 2, 30)
+        assert [d.id for d in got] == [a[0], b1]
+        (b2,) = await brokers[1].publish_batch("q", [b"b2"], channel="b")
+        got = await brokers[1].engine.acquire(["q"], 3, 30)
+        assert [d.id for d in got] == [a[1], b2, a[2]]
+        assert await brokers[0].migrate() == SCHEMA_VERSION  # and again: nothing to do
     finally:
         for b in brokers:
             await b.close()

@@ -38,6 +38,7 @@ from ..sqltime import db_now_plus
 from .contract import DeadLetterSource, WakeSource
 from .core_channels import ChannelAdmin, ChannelStatements, channel_flow, room_flow
 from .core_control import ControlStatements
+from .core_fair import requeued_key
 from .core_insights import ArchiveInsights
 from .core_operations import OperationStatements
 from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sync
@@ -214,6 +215,8 @@ class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements
         #: Names the lock that lets one process at a time recover expired leases.
         self.recovery_lock = f"sqlmq:recover:{schema.prefix}"
         self._rate_waits = {}
+        self._fair_spread = {}
+        self._clocks = {}
 
     @property
     def db(self) -> AsyncEngine:
@@ -293,7 +296,8 @@ class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements
         if messages.channel is not None:
             self._saw_channels()
             return lambda dialect: channel_flow(self.schema, dialect, messages,
-                                                self._wake_statement(messages))
+                                                self._wake_statement(messages),
+                                                self._saw_free_channel)
         return lambda dialect: publish_flow(self.schema.message, dialect, messages,
                                             self._wake_statement(messages))
 
@@ -457,7 +461,7 @@ class ArchiveAndStatsMixin:
             picked = list((await conn.execute(locked)).scalars())
             if not picked:
                 return 0
-            await self._room_for_requeue(conn, picked)
+            turns = await self._room_for_requeue(conn, picked)
             moved = 0
             for start in range(0, len(picked), REQUEUE_CHUNK):
                 chunk = picked[start : start + REQUEUE_CHUNK]
@@ -469,23 +473,27 @@ class ArchiveAndStatsMixin:
                     literal(0), literal(0), a.c.created_at,
                     case((a.c.channel.is_(None), now)), a.c.error, a.c.history, a.c.priority,
                     a.c.channel, case((a.c.channel.is_not(None), now)),
+                    requeued_key(a, turns),
                 ).where(a.c.id.in_(chunk))
                 await conn.execute(
                     insert(m).from_select(
                         ["id", "queue", "headers", "payload", "state", "attempts_count",
                          "deliveries_count", "created_at", "next_attempt_at", "last_error",
-                         "history", "priority", "channel", "channel_due_at"],
+                         "history", "priority", "channel", "channel_due_at", "fair_key"],
                         src,
                     )
                 )
                 moved += (await conn.execute(delete(a).where(a.c.id.in_(chunk)))).rowcount
             return moved
 
-    async def _room_for_requeue(self, conn: AsyncConnection, picked: list[int]) -> None:
+    async def _room_for_requeue(self, conn: AsyncConnection,
+                                picked: list[int]) -> dict[str, int]:
         """Make room for the channel messages among ``picked`` as a publish does (the
         channel's row locked, its ``max_size`` checked), channel by channel in name order
         so two requeues lock them alike: a full channel refuses the whole batch with
-        :class:`~sqlmq.errors.ChannelFull`, and its transaction rolls back."""
+        :class:`~sqlmq.errors.ChannelFull`, and its transaction rolls back. Returns the
+        turn of each channel without limits for them (they share it: a requeue is an
+        operator's batch)."""
         from sqlalchemy import func, select
 
         a = self.schema.archive
@@ -497,8 +505,12 @@ class ArchiveAndStatsMixin:
                     .where(a.c.id.in_(chunk), a.c.channel.is_not(None))
                     .group_by(a.c.channel, a.c.queue)):
                 adding[channel, queue] = adding.get((channel, queue), 0) + n
+        turns: dict[str, int] = {}
         for (channel, queue), n in sorted(adding.items()):
-            await run_flow(conn, room_flow(self.schema, conn.dialect, channel, queue, n))
+            turn = await run_flow(conn, room_flow(self.schema, conn.dialect, channel, queue, n))
+            if turn is not None:  # None: a channel with limits, outside the fair order
+                turns[channel] = turn
+        return turns
 
     async def purge_archived(
         self, *, queue: str | None = None, state: str | None = None,

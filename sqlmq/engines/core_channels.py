@@ -54,6 +54,7 @@ from ..channels import (
     ChannelSettings,
     allowance,
     check_size,
+    first_turn,
     next_start,
     share,
 )
@@ -61,16 +62,14 @@ from ..lifecycle import State
 from ..records import Delivery, NewMessages
 from ..schema import Schema
 from ..sqltime import db_now_plus
+from .core_fair import CHANNEL_LOOK_INTERVAL, FairAcquire, limited, rekey
 from .core_operations import not_paused
-from .core_publish import Flow, Step, publish_flow
+from .core_publish import Flow, Step, publish_flow, run_flow
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
 from .sql_lists import listed, served_in_order
 
 _NOW = db_now_plus(literal(0.0))
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
-#: How often an engine that has seen no channel looks again whether one exists (another
-#: process may publish to one): until then its acquires are the plain ones alone.
-CHANNEL_LOOK_INTERVAL = 1.0
 
 _INSERT_IGNORE: dict[str, Callable[..., Any]] = {
     "postgresql": lambda t, v: pg_dialect.insert(t).values(**v).on_conflict_do_nothing(),
@@ -89,42 +88,66 @@ def _mysql_insert_or_nothing(table: Any, values: dict[str, Any]) -> Any:
 
 
 def channel_flow(schema: Schema, dialect: Dialect, messages: NewMessages,
-                 wake: Any) -> Flow:
-    """Make room in the channel (:func:`room_flow`), publish."""
+                 wake: Any, free: Callable[[], None] = lambda: None) -> Flow:
+    """Make room in the channel (:func:`room_flow`), publish with the turns it gave;
+    ``free`` is told when they were given (a channel without limits)."""
     assert messages.channel is not None
-    yield from room_flow(schema, dialect, messages.channel, messages.queue, len(messages))
-    return (yield from publish_flow(schema.message, dialect, messages, wake))
+    turn = yield from room_flow(schema, dialect, messages.channel, messages.queue,
+                                len(messages))
+    if turn is not None:
+        free()
+    return (yield from publish_flow(schema.message, dialect, messages, wake, turn))
 
 
 def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
-              adding: int) -> Generator[Step, Any, None]:
+              adding: int) -> Generator[Step, Any, int | None]:
     """Create channel ``name``'s row if need be and lock it (writers to one channel take
     turns, so the count is exact), then refuse ``adding`` more messages with
     :class:`~sqlmq.errors.ChannelFull` if they would exceed its ``max_size``: a publish's
-    and a requeue's check."""
-    c, d, m = schema.channel, schema.channel_default, schema.message
+    and a requeue's check. Else, for a channel without limits, give them their turns
+    (:func:`sqlmq.channels.first_turn`): returns the first (None: a channel with limits,
+    whose messages get no ``fair_key``). The queue's clock is read apart, without a lock:
+    a stale one only places a channel that had nothing waiting a little early in the
+    round. The queue's default is read under a shared lock, so that a change of it waits
+    for this publish and then sees its rows (:meth:`ChannelAdmin.set_channel_default`)."""
+    c, m, k = schema.channel, schema.message, schema.channel_clock
     yield _INSERT_IGNORE[dialect.name](c, {"name": name, "queue": queue,
                                             "created_at": _NOW}), None
-    found = select(c.c.configured, c.c.max_size, c.c.queue).where(c.c.name == name)
+    found = select(c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered, c.c.max_size,
+                   c.c.queue, c.c.last_turn).where(c.c.name == name)
     if dialect.name != "sqlite":
         found = found.with_for_update()
     row = (yield found, None).one()
-    limit = row.max_size
-    if not row.configured:
-        limit = (yield select(d.c.max_size).where(d.c.queue == row.queue), None).scalar()
-    if limit is not None:
+    settings = (ChannelSettings.from_row(row) if row.configured
+                else (yield from _default_flow(schema, dialect, row.queue)))
+    if settings.max_size is not None:
         size = (yield select(func.count()).select_from(m).where(m.c.channel == name),
                 None).scalar_one()
-        check_size(name, size, adding, limit)
+        check_size(name, size, adding, settings.max_size)
+    if settings.limited:
+        return None
+    clock = (yield select(k.c.turn).where(k.c.queue == queue), None).scalar()
+    turn = first_turn(row.last_turn, clock)
+    yield update(c).where(c.c.name == name).values(last_turn=turn + adding - 1), None
+    return turn
 
 
-class ChannelStatements:
+def _default_flow(schema: Schema, dialect: Dialect,
+                  queue: str) -> Generator[Step, Any, ChannelSettings]:
+    """Queue ``queue``'s default for its channels, read under a shared lock."""
+    d = schema.channel_default
+    found = select(d).where(d.c.queue == queue)
+    if dialect.name != "sqlite":
+        found = found.with_for_update(read=True)
+    row = (yield found, None).first()
+    return NO_LIMITS if row is None else ChannelSettings.from_row(row)
+
+
+class ChannelStatements(FairAcquire):
     """The channel half of the engine contract for :class:`~.base.SqlEngine`."""
 
     schema: Schema
     LOCK_FOR_REQUEUE: bool
-    _channels_seen: bool = False
-    _channels_looked_at: float = float("-inf")
     _channels_first: bool = True
     #: Per list of queues: when (monotonic) its soonest rate-limited channel may start
     #: again, as the last acquire that found no channel to start saw it.
@@ -139,7 +162,7 @@ class ChannelStatements:
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         """The plain acquire, and, once channels exist, the channels' acquire: each goes
         first every other time, the second taking what the first left of ``limit``."""
-        if not await self._channels_exist():
+        if not await self._lookouts.channels.sees(self._transaction):
             return await self._acquire_plain(queues, limit, lease)
         self._channels_first = not self._channels_first
         if self._channels_first:
@@ -152,30 +175,26 @@ class ChannelStatements:
             out += await self._acquire_channels(queues, limit - len(out), lease)
         return out
 
-    def _saw_channels(self) -> None:
-        self._channels_seen = True
-
-    async def _channels_exist(self) -> bool:
-        if self._channels_seen:
-            return True
-        now = time.monotonic()
-        if now - self._channels_looked_at < CHANNEL_LOOK_INTERVAL:
-            return False
-        self._channels_looked_at = now
-        c = self.schema.channel
-
-        async def look(conn: AsyncConnection) -> Any:
-            return (await conn.execute(select(c.c.name).limit(1))).first()
-
-        self._channels_seen = await self._transaction(look) is not None
-        return self._channels_seen
-
     def channel_start_in(self, queues: Sequence[str]) -> float | None:
         at = self._rate_waits.get(tuple(queues))
         return None if at is None else max(0.0, at - time.monotonic())
 
     async def _acquire_channels(self, queues: Sequence[str], limit: int,
                                 lease: float) -> list[Delivery]:
+        """The channels with limits (:meth:`_acquire_limited`), then the others in fair
+        order (:meth:`_acquire_fair`) with what they left of ``limit``."""
+        lookouts = self._lookouts
+        out = (await self._acquire_limited(queues, limit, lease)
+               if await lookouts.limits.sees(self._transaction) else [])
+        if len(out) < limit and await lookouts.free.sees(self._transaction):
+            out += await self._acquire_fair(queues, limit - len(out), lease)
+        return out
+
+    async def _acquire_limited(self, queues: Sequence[str], limit: int,
+                               lease: float) -> list[Delivery]:
+        """The channels with limits, least recently served first, each an even share of
+        ``limit`` (counting the channels the last fair acquire served, so the two kinds
+        share alike), under their row locks."""
         sql, params = self._channel_sql, {"queues": list(queues), "most_channels": limit + 8}
 
         async def read(conn: AsyncConnection) -> tuple[Sequence[Any], float | None]:
@@ -192,11 +211,13 @@ class ChannelStatements:
         candidates, self._rate_waits[tuple(queues)] = await self._transaction(read)
         if not candidates:
             return []
+        others = self._fair_spread.get(tuple(queues), 0)
         return await self._transaction(
-            lambda conn: self._serve(conn, queues, limit, lease, candidates))
+            lambda conn: self._serve(conn, queues, limit, lease, candidates, others))
 
     async def _serve(self, conn: AsyncConnection, queues: Sequence[str], limit: int,
-                     lease: float, candidates: Sequence[Any]) -> list[Delivery]:
+                     lease: float, candidates: Sequence[Any],
+                     others: int) -> list[Delivery]:
         sql, names = self._channel_sql, [r.name for r in candidates]
         now: datetime = candidates[0].now
         # read again under the lock: another process may have started one since
@@ -207,7 +228,7 @@ class ChannelStatements:
             return []
         running = dict((await conn.execute(
             sql.running, {"names": [r.name for r in chosen]})).all())
-        even = share(limit, len(chosen))
+        even = share(limit, len(chosen) + others)
         plan: dict[str, tuple[int, ChannelSettings, Any]] = {}
         left = limit
         for r in chosen:
@@ -307,11 +328,17 @@ class ChannelAdmin:
     on the hot path)."""
 
     schema: Schema
+    LOCK_FOR_REQUEUE: bool
     _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
     _saw_channels: Callable[[], None]
+    _saw_limits: Callable[[], None]
+    _saw_free_channel: Callable[[], None]
 
     async def set_channel(self, name: str, queue: str | None,
                           settings: ChannelSettings | None) -> bool:
+        """Set (or, with None, reset) channel ``name``'s settings, and keep its messages'
+        place in the fair order true to the settings that now apply (:func:`rekey`), in
+        the transaction that changes them: its row's lock keeps publishes out meanwhile."""
         c = self.schema.channel
         values = {"configured": int(settings is not None), **(settings or NO_LIMITS).as_row()}
 
@@ -319,22 +346,48 @@ class ChannelAdmin:
             if settings is not None:  # made if need be (a reset makes nothing)
                 await conn.execute(_INSERT_IGNORE[conn.dialect.name](c, {
                     "name": name, "queue": queue or "", "created_at": _NOW}))
-            return (await conn.execute(update(c).where(c.c.name == name)
-                                       .values(**values))).rowcount
+            found = (await conn.execute(update(c).where(c.c.name == name)
+                                        .values(**values))).rowcount
+            if found:
+                effective = settings or await run_flow(conn, _default_flow(
+                    self.schema, conn.dialect, (await conn.execute(
+                        select(c.c.queue).where(c.c.name == name))).scalar_one()))
+                await rekey(conn, self.schema, [name], effective.limited)
+            return found
 
         if found := await self._transaction(write):
             self._saw_channels()
+            if settings is not None and settings.limited:
+                self._saw_limits()
+            else:
+                self._saw_free_channel()
         return bool(found)
 
     async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
-        d = self.schema.channel_default
+        """Set (or remove) ``queue``'s default, and keep the fair order true to it for the
+        queue's channels without settings of their own (:func:`rekey`). Their rows are
+        locked first, and the old default row is deleted (a publish reads it under a
+        shared lock): a publish that read the old default has committed, and its rows are
+        seen, before the new one is applied."""
+        c, d = self.schema.channel, self.schema.channel_default
 
         async def write(conn: AsyncConnection) -> None:
+            theirs = select(c.c.name).where(c.c.queue == queue, c.c.configured == 0)
+            locked = theirs.order_by(c.c.name)
+            if self.LOCK_FOR_REQUEUE:
+                locked = locked.with_for_update()
+            names = list((await conn.execute(locked)).scalars())
             await conn.execute(delete(d).where(d.c.queue == queue))
             if settings is not None:
                 await conn.execute(insert(d).values(queue=queue, **settings.as_row()))
+            if names:
+                await rekey(conn, self.schema, names, (settings or NO_LIMITS).limited)
 
         await self._transaction(write)
+        if settings is not None and settings.limited:
+            self._saw_limits()
+        else:
+            self._saw_free_channel()
 
     async def channel_defaults(self) -> dict[str, ChannelSettings]:
         d = self.schema.channel_default
@@ -483,7 +536,7 @@ def _candidates(schema: Schema) -> Any:
                    c.c.max_size, c.c.next_start_at, *_default_columns(d),
                    _NOW.label("now"))
             .select_from(c.outerjoin(d, d.c.queue == c.c.queue))
-            .where(due,
+            .where(limited(c, d), due,
                    or_(max_concurrency.is_(None), running < max_concurrency),
                    or_(ordered == 0, running == 0),
                    or_(c.c.next_start_at.is_(None), c.c.next_start_at <= _NOW))

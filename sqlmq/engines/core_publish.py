@@ -48,6 +48,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
+from ..channels import fair_key
 from ..errors import PublishError
 from ..lifecycle import State
 from ..records import NewMessage, NewMessages, Published
@@ -107,19 +108,23 @@ def expires_at_of(messages: NewMessage | NewMessages) -> Any:
 
 
 def publish_flow(table: Table, dialect: Dialect, messages: NewMessages,
-                 wake: Executable | None = None) -> Flow:
+                 wake: Executable | None = None, turn: int | None = None) -> Flow:
     """Insert ``messages`` (ids in order); ``wake``, if any, runs once something is
-    written (PostgreSQL's NOTIFY)."""
+    written (PostgreSQL's NOTIFY). ``turn``: a channel's messages' first turn (one each
+    from there: see :mod:`sqlmq.channels`)."""
+    keys = (None if turn is None else
+            [fair_key(messages.priority, turn + i) for i in range(len(messages))])
     if messages.dedup_keys is None:
-        ids = yield from _plain(table, dialect, messages)
+        ids = yield from _plain(table, dialect, messages, keys)
     else:
-        ids = yield from _keyed(table, dialect, messages)
+        ids = yield from _keyed(table, dialect, messages, keys)
     if wake is not None and not all(getattr(i, "duplicate", False) for i in ids):
         yield wake, None
     return ids
 
 
-def _plain(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
+def _plain(table: Table, dialect: Dialect, messages: NewMessages,
+           keys: list[int] | None = None) -> Flow:
     """Where the database returns ids (PostgreSQL, SQLite, MariaDB), one statement with
     the per-row values as parameters: SQLAlchemy sends it as multi-row INSERT … RETURNING
     batches without compiling a statement per batch. MySQL 8 has no RETURNING: one
@@ -130,6 +135,9 @@ def _plain(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
         c = messages[i : i + CHUNK]
         rows = [{"queue": c.queue, "headers": h, "payload": p}
                 for p, h in zip(c.payloads, c.headers, strict=True)]
+        if keys is not None:
+            for row, key in zip(rows, keys[i : i + CHUNK], strict=True):
+                row["fair_key"] = key
         if dialect.insert_returning:
             result = yield insert(table).values(**values).returning(table.c.id), rows
             ids += sorted(r[0] for r in result)
@@ -139,13 +147,15 @@ def _plain(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
     return ids
 
 
-def _keyed(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
+def _keyed(table: Table, dialect: Dialect, messages: NewMessages,
+           fair_keys: list[int] | None) -> Flow:
     keys = messages.dedup_keys
     assert keys is not None
     out: list[int | None] = [None] * len(messages)
     plain = [i for i, k in enumerate(keys) if k is None]
     if plain:
-        ids = yield from _plain(table, dialect, messages.pick(plain))
+        ids = yield from _plain(table, dialect, messages.pick(plain),
+                                None if fair_keys is None else [fair_keys[i] for i in plain])
         for i, msg_id in zip(plain, ids, strict=True):
             out[i] = msg_id
     first: dict[str, int] = {}  # each key's first message
@@ -155,9 +165,9 @@ def _keyed(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
     # in key order: two batches sharing keys lock them in the same order, never crosswise
     first = dict(sorted(first.items()))
     if dialect.name in ("mysql", "mariadb"):
-        held = yield from _on_duplicate(table, messages, first)
+        held = yield from _on_duplicate(table, messages, first, fair_keys)
     else:
-        held = yield from _on_conflict(table, dialect, messages, first)
+        held = yield from _on_conflict(table, dialect, messages, first, fair_keys)
     for i, k in enumerate(keys):
         if k is not None:
             msg_id, duplicate = held[k]
@@ -165,9 +175,14 @@ def _keyed(table: Table, dialect: Dialect, messages: NewMessages) -> Flow:
     return [i for i in out if i is not None]
 
 
-def _keyed_rows(messages: NewMessages, first: dict[str, int]) -> list[dict[str, Any]]:
-    return [{"queue": messages.queue, "headers": messages.headers[i],
+def _keyed_rows(messages: NewMessages, first: dict[str, int],
+                fair_keys: list[int] | None) -> list[dict[str, Any]]:
+    rows = [{"queue": messages.queue, "headers": messages.headers[i],
              "payload": messages.payloads[i], "dedup_key": k} for k, i in first.items()]
+    if fair_keys is not None:
+        for row, i in zip(rows, first.values(), strict=True):
+            row["fair_key"] = fair_keys[i]
+    return rows
 
 
 def _holders(table: Table, queue: str) -> Executable:
@@ -182,7 +197,8 @@ _CONFLICT_INSERTS: dict[str, Callable[[Table], Any]] = {
 
 
 def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
-                 first: dict[str, int]) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
+                 first: dict[str, int], fair_keys: list[int] | None,
+                 ) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
     c = table.c
     statement = (_CONFLICT_INSERTS[dialect.name](table).values(**pending_values(messages))
                  .on_conflict_do_nothing(index_elements=[c.queue, c.dedup_key],
@@ -193,7 +209,7 @@ def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
     for _ in range(KEYED_TRIES):
         for start in range(0, len(todo), CHUNK):
             chunk = dict(list(todo.items())[start : start + CHUNK])
-            result = yield statement, _keyed_rows(messages, chunk)
+            result = yield statement, _keyed_rows(messages, chunk, fair_keys)
             held.update((k, (msg_id, False)) for k, msg_id in result)
         missing = [k for k in todo if k not in held]
         for start in range(0, len(missing), CHUNK):
@@ -208,8 +224,9 @@ def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
                        f"for them ({KEYED_TRIES} tries); nothing of theirs was written")
 
 
-def _on_duplicate(table: Table, messages: NewMessages,
-                  first: dict[str, int]) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
+def _on_duplicate(table: Table, messages: NewMessages, first: dict[str, int],
+                  fair_keys: list[int] | None,
+                  ) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
     """A row at a time: its id, its own or the holder's, read from LAST_INSERT_ID (which
     the update sets to the holder's), and whether it was a duplicate from ``@sqlmq_dups``.
     One multi-row INSERT … RETURNING on MariaDB would be fewer round trips, but with four
@@ -219,7 +236,7 @@ def _on_duplicate(table: Table, messages: NewMessages,
     statement = (mysql_dialect.insert(table).values(**pending_values(messages))
                  .on_duplicate_key_update(id=literal_column(_NOTE_DUPLICATE)))
     held: dict[str, tuple[int, bool]] = {}
-    for row in _keyed_rows(messages, first):
+    for row in _keyed_rows(messages, first, fair_keys):
         yield _RESET_DUPLICATES, None
         msg_id = (yield statement, row).lastrowid
         duplicates = _duplicates((yield _READ_DUPLICATES, None))

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from ..channels import ChannelInfo, ChannelSettings
+from ..channels import ChannelInfo, ChannelSettings, fair_key
 from ..commit_hooks import on_commit
 from ..dead_letters import DeadLetterNotice
 from ..errors import PublishError
@@ -90,6 +90,7 @@ class Row:
     cancel_requested: int = 0
     channel: str | None = None  # see sqlmq.channels: a channel's message waits on
     channel_due_at: datetime | None = None  # channel_due_at, next_attempt_at None
+    fair_key: int | None = None  # a channel message's place in the fair order
 
     def wait_until(self, due: datetime) -> None:
         """Back to waiting until ``due``: a channel's message apart from the plain ones."""
@@ -174,10 +175,12 @@ class MemoryStore:
         ids: list[int] = []
         keys = messages.dedup_keys or [None] * len(messages)
         channel = messages.channel
+        turn: int | None = None
         if channel is not None:
-            self.channels.admit(channel, messages.queue, len(messages), self.rows.values())
-        for payload, headers, key in zip(messages.payloads, messages.headers, keys,
-                                         strict=True):
+            turn = self.channels.admit(channel, messages.queue, len(messages),
+                                       self.rows.values())
+        for i, (payload, headers, key) in enumerate(zip(messages.payloads, messages.headers,
+                                                        keys, strict=True)):
             if key is not None:
                 held = self.keys.get((messages.queue, key))
                 if held is not None:
@@ -187,7 +190,9 @@ class MemoryStore:
             rows.append(Row(self.last_id, messages.queue, dict(headers), payload, now,
                             ready if channel is None else None, priority=messages.priority,
                             expires_at=expires_at, dedup_key=key, channel=channel,
-                            channel_due_at=None if channel is None else ready))
+                            channel_due_at=None if channel is None else ready,
+                            fair_key=None if turn is None else fair_key(
+                                messages.priority, turn + i)))
             if key is None:
                 ids.append(self.last_id)
             else:
@@ -349,14 +354,16 @@ class MemoryStore:
         priority and channel (a channel's message waits as one again, counted against its
         ``max_size``: a full channel refuses them all)."""
         adding = Counter((a.channel, a.queue) for a in found if a.channel is not None)
-        for (channel, queue), n in sorted(adding.items()):
-            self.channels.admit(channel, queue, n, self.rows.values())
+        turns = {channel: self.channels.admit(channel, queue, n, self.rows.values())
+                 for (channel, queue), n in sorted(adding.items())}
         for a in found:
             del self.archive[a.id]
             self.add([Row(a.id, a.queue, a.headers, a.payload, a.created_at,
                           now if a.channel is None else None, last_error=a.error,
                           history=a.history, priority=a.priority, channel=a.channel,
-                          channel_due_at=None if a.channel is None else now)])
+                          channel_due_at=None if a.channel is None else now,
+                          fair_key=None if turns.get(a.channel) is None else fair_key(
+                              a.priority, turns[a.channel]))])
         return len(found)
 
     def purge(self, found: list[Archived]) -> int:
@@ -626,15 +633,11 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):
     async def set_channel(self, name: str, queue: str | None,
                           settings: ChannelSettings | None) -> bool:
         with self._lock:
-            return self._store.channels.set(name, queue, settings)
+            return self._store.channels.set(name, queue, settings, self._store.rows.values())
 
     async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
         with self._lock:
-            defaults = self._store.channels.defaults
-            if settings is None:
-                defaults.pop(queue, None)
-            else:
-                defaults[queue] = settings
+            self._store.channels.set_default(queue, settings, self._store.rows.values())
 
     async def channel_defaults(self) -> dict[str, ChannelSettings]:
         with self._lock:

@@ -14,8 +14,11 @@ from ..channels import (
     ChannelSettings,
     allowance,
     check_size,
+    fair_key,
+    first_turn,
     next_start,
     share,
+    turn_of,
 )
 from ..lifecycle import State
 from ..records import Delivery
@@ -32,6 +35,7 @@ class ChannelRow:
     served_at: datetime | None = None
     served_rank: int = 0  # its place among the channels served at ``served_at``
     next_start_at: datetime | None = None
+    last_turn: int = 0  # the turn its last message was given
 
 
 @dataclass
@@ -41,34 +45,103 @@ class MemoryChannels:
     #: Per list of queues: the soonest start of a channel waiting only for its rate, as
     #: the last acquire that found no channel to start saw it (see channel_start_in).
     rate_waits: dict[tuple[str, ...], datetime | None] = field(default_factory=dict)
+    #: Per queue, the turn its channels without limits are served at.
+    clocks: dict[str, int] = field(default_factory=dict)
+    #: Per list of queues: the channels the last fair acquire took from.
+    spread: dict[tuple[str, ...], int] = field(default_factory=dict)
 
     def effective(self, ch: ChannelRow) -> ChannelSettings:
         if ch.settings is not None:
             return ch.settings
         return self.defaults.get(ch.queue, NO_LIMITS)
 
-    def admit(self, name: str, queue: str, adding: int, rows: Iterable[Any]) -> None:
+    def admit(self, name: str, queue: str, adding: int, rows: Iterable[Any]) -> int | None:
         """Make channel ``name`` if need be; refuse ``adding`` more messages (a publish's,
-        a requeue's) if they would exceed its ``max_size`` (``rows``: the table's rows)."""
+        a requeue's) if they would exceed its ``max_size`` (``rows``: the table's rows);
+        else, without limits, give them their turns: returns the first (None: a channel
+        with limits; see :mod:`sqlmq.channels`)."""
         ch = self.channels.setdefault(name, ChannelRow(name, queue))
-        limit = self.effective(ch).max_size
-        if limit is None:
-            return
-        check_size(name, sum(1 for r in rows if r.channel == name), adding, limit)
+        settings = self.effective(ch)
+        if settings.max_size is not None:
+            check_size(name, sum(1 for r in rows if r.channel == name), adding,
+                       settings.max_size)
+        if settings.limited:
+            return None
+        turn = first_turn(ch.last_turn, self.clocks.get(queue))
+        ch.last_turn = turn + adding - 1
+        return turn
 
-    def set(self, name: str, queue: str | None, settings: ChannelSettings | None) -> bool:
+    def set(self, name: str, queue: str | None, settings: ChannelSettings | None,
+            rows: Iterable[Any]) -> bool:
         if settings is None and name not in self.channels:
             return False  # a reset makes nothing
         self.channels.setdefault(name, ChannelRow(name, queue or "")).settings = settings
+        self.rekey([name], rows)
         return True
+
+    def set_default(self, queue: str, settings: ChannelSettings | None,
+                    rows: Iterable[Any]) -> None:
+        if settings is None:
+            self.defaults.pop(queue, None)
+        else:
+            self.defaults[queue] = settings
+        self.rekey([c.name for c in self.channels.values()
+                    if c.queue == queue and c.settings is None], rows)
+
+    def rekey(self, names: list[str], rows: Iterable[Any]) -> None:
+        """As :func:`.core_channels.rekey`: channels ``names``' messages leave the fair
+        order under limits, and get turns (those without) when they have none."""
+        wanted = set(names)
+        for r in sorted((r for r in rows if r.channel in wanted), key=lambda r: r.id):
+            ch = self.channels[r.channel]
+            if self.effective(ch).limited:
+                r.fair_key = None
+            elif r.fair_key is None:
+                ch.last_turn = first_turn(ch.last_turn, self.clocks.get(ch.queue))
+                r.fair_key = fair_key(r.priority, ch.last_turn)
 
     def acquire(self, rows: Iterable[Any], queues: Sequence[str], limit: int, now: datetime,
                 take: Callable[[Any, datetime | None], Delivery],
                 key: tuple[str, ...]) -> list[Delivery]:
         """As :meth:`.core_channels.ChannelStatements._acquire_channels`: the channels with
-        a due message in ``queues``, least recently served first, each an even share within
-        its limits (an ordered one its head only); ``take`` acquires a row. ``key``: the
-        subscriber's queues, under which to note when a rate lets a channel start again."""
+        limits, then the others in fair order with what is left of ``limit``."""
+        rows = list(rows)
+        out = self._acquire_limited(rows, queues, limit, now, take, key)
+        if len(out) < limit:
+            out += self._acquire_fair(rows, queues, limit - len(out), now, take, key)
+        return out
+
+    def _acquire_fair(self, rows: list[Any], queues: Sequence[str], limit: int,
+                      now: datetime, take: Callable[[Any, datetime | None], Delivery],
+                      key: tuple[str, ...]) -> list[Delivery]:
+        """As :meth:`.core_channels.ChannelStatements._acquire_fair`: the due messages of
+        channels without limits in ``fair_key`` order; the queues' clocks moved to the
+        lowest turn taken."""
+        wanted = set(queues)
+        free = {name for name, ch in self.channels.items() if not self.effective(ch).limited}
+        due = sorted((r for r in rows if r.channel in free and r.state in _WAITING
+                      and r.queue in wanted and r.fair_key is not None
+                      and r.channel_due_at is not None and r.channel_due_at <= now),
+                     key=lambda r: (r.fair_key, r.id))[:limit]
+        lowest: dict[str, int] = {}
+        out = []
+        for r in due:
+            lowest[r.queue] = min(lowest.get(r.queue, turn_of(r.fair_key)), turn_of(r.fair_key))
+            scheduled, r.channel_due_at = r.channel_due_at, None
+            out.append(take(r, scheduled))
+        for queue, turn in lowest.items():
+            self.clocks[queue] = max(self.clocks.get(queue, 0), turn)
+        self.spread[key] = len({d.channel for d in out})
+        return out
+
+    def _acquire_limited(self, rows: list[Any], queues: Sequence[str], limit: int,
+                         now: datetime, take: Callable[[Any, datetime | None], Delivery],
+                         key: tuple[str, ...]) -> list[Delivery]:
+        """As :meth:`.core_channels.ChannelStatements._acquire_limited`: the channels with
+        limits and a due message in ``queues``, least recently served first, each an even
+        share (counting the channels the last fair acquire served) within its limits (an
+        ordered one its head only); ``take`` acquires a row. ``key``: the subscriber's
+        queues, under which to note when a rate lets a channel start again."""
         wanted = set(queues)
         of: dict[str, list[Any]] = {}
         for r in rows:
@@ -79,6 +152,9 @@ class MemoryChannels:
         for ch in sorted(self.channels.values(),
                          key=lambda c: (c.served_at is not None, c.served_at or _EPOCH,
                                         c.served_rank, c.name)):
+            settings = self.effective(ch)
+            if not settings.limited:
+                continue
             mine = of.get(ch.name, [])
             due = [r for r in mine if r.state in _WAITING and r.queue in wanted
                    and r.channel_due_at is not None and r.channel_due_at <= now]
@@ -87,14 +163,13 @@ class MemoryChannels:
             if ch.next_start_at is not None and ch.next_start_at > now:
                 rate_waits.append(ch.next_start_at)
                 continue
-            settings = self.effective(ch)
             running = sum(1 for r in mine if r.state == State.PROCESSING)
             if allowance(settings, running, 1) > 0:
                 candidates.append((ch, settings, running, mine, due))
         self.rate_waits[key] = None if candidates else min(rate_waits, default=None)
         out: list[Delivery] = []
         served = 0
-        even = share(limit, len(candidates))
+        even = share(limit, len(candidates) + self.spread.get(key, 0))
         for ch, settings, running, mine, due in candidates:
             n = min(allowance(settings, running, even), limit - len(out))
             if settings.ordered:

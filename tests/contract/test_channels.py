@@ -195,23 +195,60 @@ async def test_channel_messages_wait_for_their_delay_and_leave_plain_ones_alone(
     assert d.scheduled_at >= d.created_at + timedelta(seconds=0.29)
 
 
-async def test_a_rate_channel_served_with_plain_ones_keeps_its_place_in_the_order(
+async def test_channels_with_limits_go_first_and_the_others_follow_in_fair_order(
         env: Env) -> None:
-    """Channels served by one acquire go to the back in the order they were served,
-    whatever their settings: a rate channel served after a plain one is served after it
-    next time too (not by the tie of their names)."""
+    """An acquire offers the channels with limits their share first (their limits decide
+    how much they run), then takes the others round-robin by turn: each channel's first
+    message, then each one's second, ..."""
     await env.engine.set_channel("a", "q", ChannelSettings(rate=1000.0))
-    (p1,) = await publish(env, "p")
-    assert ids(await env.engine.acquire(["q"], 1, 30)) == [p1]  # p served first …
+    p = await publish(env, "p", 3)
+    (r1,) = await publish(env, "r")
+    a = await publish(env, "a", 2)
+    assert ids(await env.engine.acquire(["q"], 5, 30)) == [a[0], p[0], r1, p[1], p[2]]
     await env.passes(0.01)
-    (a1,) = await publish(env, "a")
-    assert ids(await env.engine.acquire(["q"], 1, 30)) == [a1]  # … then a
-    await env.passes(0.01)
-    p2, a2 = (await publish(env, "p"))[0], (await publish(env, "a"))[0]
-    assert ids(await env.engine.acquire(["q"], 2, 30)) == [p2, a2]  # p, then a: together
-    await env.passes(0.01)
-    p3, _a3 = (await publish(env, "p"))[0], (await publish(env, "a"))[0]
-    assert ids(await env.engine.acquire(["q"], 1, 30)) == [p3]  # p was served before a
+    assert ids(await env.engine.acquire(["q"], 5, 30)) == [a[1]]
+
+
+def channels_of(got: list[Delivery]) -> list[str]:
+    return [d.payload.split(b"-")[0].decode() for d in got]
+
+
+async def test_a_channel_with_nothing_waiting_joins_the_round_being_served(env: Env) -> None:
+    """A channel's new messages queue behind its own backlog, or, when it had none, join
+    the round the queue is being served at: neither at the back of the others' backlogs
+    nor ahead of all of them (a channel served long ago saves no turns up)."""
+    await publish(env, "big", 12)
+    await publish(env, "small")
+    assert channels_of(await env.engine.acquire(["q"], 3, 30)) == ["big", "small", "big"]
+    assert channels_of(await env.engine.acquire(["q"], 3, 30)) == ["big"] * 3  # turns 3-5
+    await publish(env, "late", 3)  # the round served last began at turn 3: turns 4-6
+    await publish(env, "small", 2)  # its last turn, 1, has passed: turns 4-5 too
+    got = channels_of(await env.engine.acquire(["q"], 6, 30))
+    assert got == ["late", "small", "late", "small", "big", "late"]
+    assert channels_of(await env.engine.acquire(["q"], 3, 30)) == ["big"] * 3
+
+
+async def test_a_limit_set_later_takes_a_channels_messages_out_of_the_fair_order_and_back(
+        env: Env) -> None:
+    """Settings changed after a publish apply to the messages already waiting: limited,
+    they are taken under the limit; freed again, they rejoin the fair order."""
+    x = await publish(env, "x", 3)
+    (y1,) = await publish(env, "y")
+    await env.engine.set_channel("x", "q", ChannelSettings(max_concurrency=1))
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [x[0], y1]
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    await env.engine.set_channel("x", None, None)  # reset: no limits again
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == x[1:]
+
+
+async def test_a_default_set_later_applies_to_the_waiting_messages_of_its_channels(
+        env: Env) -> None:
+    a, b = await publish(env, "a", 2), await publish(env, "b", 2)
+    await env.engine.set_channel_default("q", ChannelSettings(max_concurrency=1))
+    assert sorted(ids(await env.engine.acquire(["q"], 10, 30))) == [a[0], b[0]]
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    await env.engine.set_channel_default("q", None)
+    assert sorted(ids(await env.engine.acquire(["q"], 10, 30))) == [a[1], b[1]]
 
 
 async def test_a_requeued_dead_letter_goes_back_under_its_channels_limit(env: Env) -> None:

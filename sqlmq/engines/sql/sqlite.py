@@ -129,19 +129,28 @@ LIMIT :limit
 
 # Acquire, step 2, in the same transaction: mark :ids (a JSON array) PROCESSING, leased for
 # :lease seconds, and return them.
-ACQUIRE_TAKE = """
-UPDATE {m} SET
+def _take(cleared: str) -> str:
+    """The take of :ids, clearing their due column ``cleared``."""
+    return f"""
+UPDATE {{m}} SET
     state = 'PROCESSING',
     deliveries_count = deliveries_count + 1,
     acquired_at = (strftime('%Y-%m-%d %H:%M:%f','now')||'000'),
     first_attempt_at = COALESCE(first_attempt_at, (strftime('%Y-%m-%d %H:%M:%f','now')||'000')),
-    next_attempt_at = NULL,
+    {cleared} = NULL,
     lease_expires_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:lease))||'000')
 WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created_at,
     first_attempt_at, acquired_at, lease_expires_at, NULL AS scheduled_at, history, priority,
     expires_at, saved_state, defers_count, cancel_requested
 """
+
+
+ACQUIRE_TAKE = _take("next_attempt_at")
+
+# The same for a channel's messages taken by the fair acquire (core_channels' fair pick
+# chose :ids): their due time is channel_due_at, which is cleared instead.
+ACQUIRE_TAKE_CHANNEL = _take("channel_due_at")
 
 # Settle, in one transaction. The batch :input is one JSON array of [id, deliveries,
 # outcome, error, delay, refund, attempted, history, keep] per settlement (see
