@@ -337,7 +337,7 @@ class ChannelAdmin:
     async def set_channel(self, name: str, queue: str | None,
                           settings: ChannelSettings | None) -> bool:
         """Set (or, with None, reset) channel ``name``'s settings, and keep its messages'
-        place in the fair order true to the settings that now apply (:func:`rekey`), in
+        place in the fair order true to the settings that now apply (:func:`.core_fair.rekey`), in
         the transaction that changes them: its row's lock keeps publishes out meanwhile."""
         c = self.schema.channel
         values = {"configured": int(settings is not None), **(settings or NO_LIMITS).as_row()}
@@ -365,7 +365,7 @@ class ChannelAdmin:
 
     async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
         """Set (or remove) ``queue``'s default, and keep the fair order true to it for the
-        queue's channels without settings of their own (:func:`rekey`). Their rows are
+        queue's channels without settings of their own (:func:`.core_fair.rekey`). Their rows are
         locked first, and the old default row is deleted (a publish reads it under a
         shared lock): a publish that read the old default has committed, and its rows are
         seen, before the new one is applied."""

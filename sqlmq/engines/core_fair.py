@@ -173,10 +173,9 @@ class FairAcquire:
                                 lease, set())
 
 
-
 class FairSql:
     """The fair acquire's statements, built once per engine: the pick (PostgreSQL locks
-    its rows itself; MySQL and MariaDB lock them by id after it, as locking the pick would
+    its rows itself; MySQL and MariaDB lock them by id after it, as locking the pick might
     lock the channel rows its subquery reads), and the clock's upsert."""
 
     def __init__(self, schema: Schema, dialect: Dialect, lock_rows: bool) -> None:
@@ -193,7 +192,7 @@ class FairSql:
 
 
 async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
-                limited: bool) -> None:
+                under_limits: bool) -> None:
     """Keep the fair order true to the settings of channels ``names`` (a list, or a
     select of names), whose rows the caller has locked or changed: under limits their
     messages leave it (``fair_key`` NULL: the limited acquire takes them); without, those
@@ -201,7 +200,7 @@ async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
     the channel's last turn or its queue's clock."""
     c, m, k = schema.channel, schema.message, schema.channel_clock
     mine = m.c.channel.in_(names)
-    if limited:
+    if under_limits:
         await conn.execute(update(m).where(mine, m.c.fair_key.is_not(None))
                            .values(fair_key=None))
         return

@@ -89,7 +89,7 @@ class MemoryChannels:
                     if c.queue == queue and c.settings is None], rows)
 
     def rekey(self, names: list[str], rows: Iterable[Any]) -> None:
-        """As :func:`.core_channels.rekey`: channels ``names``' messages leave the fair
+        """As :func:`.core_fair.rekey`: channels ``names``' messages leave the fair
         order under limits, and get turns (those without) when they have none."""
         wanted = set(names)
         for r in sorted((r for r in rows if r.channel in wanted), key=lambda r: r.id):
@@ -114,7 +114,7 @@ class MemoryChannels:
     def _acquire_fair(self, rows: list[Any], queues: Sequence[str], limit: int,
                       now: datetime, take: Callable[[Any, datetime | None], Delivery],
                       key: tuple[str, ...]) -> list[Delivery]:
-        """As :meth:`.core_channels.ChannelStatements._acquire_fair`: the due messages of
+        """As :meth:`.core_fair.FairAcquire._acquire_fair`: the due messages of
         channels without limits in ``fair_key`` order; the queues' clocks moved to the
         lowest turn taken."""
         wanted = set(queues)

@@ -358,7 +358,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
 
     async def _acquire_fair(self, queues: Sequence[str], limit: int,
                             lease: float) -> list[Delivery]:
-        """As the SQL engines' (:mod:`.core_channels`), in one statement, decoded as the
+        """As the SQL engines' (:mod:`.core_fair`), in one statement, decoded as the
         plain acquire's rows are: the generic path spent as long in Python as in its four
         statements."""
         rows = await self._fetch(self._acquire_fair_sql, list(queues), limit, float(lease),
