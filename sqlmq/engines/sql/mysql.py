@@ -115,31 +115,90 @@ SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
 
 # 3. Return the locked rows as they are now, the clock, their priority and expiry, and what
 #    defer and cancellation left on them.
-ACQUIRE_READ = """
+def _read(due: str, more: str = "") -> str:
+    """ACQUIRE_READ with the rows' due column ``due``; ``more``: columns after the usual."""
+    return f"""
 SELECT m.id, m.queue, m.headers, m.payload, m.attempts_count, m.deliveries_count,
-       m.created_at, m.first_attempt_at, m.next_attempt_at, m.history,
+       m.created_at, m.first_attempt_at, m.{due}, m.history,
        CAST(@sqlmq_now AS DATETIME(6)), m.priority, m.expires_at, m.saved_state,
-       m.defers_count, m.cancel_requested
+       m.defers_count, m.cancel_requested{more}
 FROM JSON_TABLE(@sqlmq_take, '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
-STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
+STRAIGHT_JOIN {{m}} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
 """
 
+
+ACQUIRE_READ = _read("next_attempt_at")
+
 # 4. Mark them PROCESSING, leased for %s microseconds.
-ACQUIRE_TAKE = """
+def _take(cleared: str) -> str:
+    """ACQUIRE_TAKE clearing the rows' due column ``cleared``."""
+    return f"""
 UPDATE JSON_TABLE(@sqlmq_take, '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
-STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = t.id SET
+STRAIGHT_JOIN {{m}} AS m FORCE INDEX (PRIMARY) ON m.id = t.id SET
     m.state = 'PROCESSING',
     m.deliveries_count = m.deliveries_count + 1,
     m.acquired_at = CAST(@sqlmq_now AS DATETIME(6)),
     m.first_attempt_at = COALESCE(m.first_attempt_at, CAST(@sqlmq_now AS DATETIME(6))),
-    m.next_attempt_at = NULL,
+    m.{cleared} = NULL,
     m.lease_expires_at = CAST(@sqlmq_now AS DATETIME(6)) + INTERVAL %s MICROSECOND
 """
+
+
+ACQUIRE_TAKE = _take("next_attempt_at")
 
 # 5. The level read and the next one below it (ACQUIRE_LEVEL again, into @sqlmq_next): when
 #    that is not NULL and the packet took fewer rows than asked, acquire sends another
 #    packet, for the levels below this one.
 ACQUIRE_LEVELS_READ = "SELECT @sqlmq_level, @sqlmq_next"
+
+# ---- consuming: the fair acquire of channels without limits (schema version 13) -----------
+#
+# One packet, one transaction, as the plain acquire (see sqlmq.engines.core_fair for what it
+# does). 1. FAIR_PICK: up to %s due messages of the channels without limits in the queues,
+# in fair order, read without locks (a locking read might lock the channel rows its
+# subquery reads), their ids into @sqlmq_pick. Parameters: the queues, then the limit.
+FAIR_PICK = """
+SELECT JSON_ARRAYAGG(id) INTO @sqlmq_pick FROM (
+    SELECT f.id FROM {m} AS f FORCE INDEX (ix_{m}_fair)
+    WHERE f.queue IN ({queues}) AND f.fair_key IS NOT NULL
+      AND f.channel_due_at <= UTC_TIMESTAMP(6) AND f.state IN ('PENDING', 'RETRYABLE')
+      AND f.queue NOT IN (SELECT queue FROM {pause})
+      AND (SELECT CASE WHEN c.configured = 1
+                       THEN c.max_concurrency IS NULL AND c.rate IS NULL AND c.ordered = 0
+                       ELSE d.queue IS NULL OR (d.max_concurrency IS NULL
+                                                AND d.rate IS NULL AND d.ordered = 0) END
+           FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
+           WHERE c.name = f.channel)
+    ORDER BY f.fair_key, f.id
+    LIMIT %s
+) AS r
+"""
+
+# 2. Lock those still waiting (SKIP LOCKED), their ids and the clock into @sqlmq_take and
+#    @sqlmq_now; 3. FAIR_READ them (with their channel and key); 4. FAIR_TAKE them, leased
+#    for %s microseconds; 5. move each queue's clock on to the lowest turn taken.
+FAIR_LOCK = """
+SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
+    SELECT m.id
+    FROM JSON_TABLE(COALESCE(@sqlmq_pick, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
+    STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
+    WHERE m.state IN ('PENDING', 'RETRYABLE') AND m.channel_due_at IS NOT NULL
+    FOR UPDATE SKIP LOCKED
+) AS r
+"""
+
+FAIR_READ = _read("channel_due_at", ", m.channel, m.fair_key")
+
+FAIR_TAKE = _take("channel_due_at")
+
+FAIR_CLOCK = """
+INSERT INTO {channel_clock} (queue, turn)
+SELECT m.queue, MIN(m.fair_key & {turn_mask})
+FROM JSON_TABLE(COALESCE(@sqlmq_take, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
+STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
+GROUP BY m.queue
+ON DUPLICATE KEY UPDATE turn = GREATEST(turn, VALUES(turn))
+"""
 
 # JSON_ARRAYAGG is cut at group_concat_max_len bytes on MariaDB: an acquire takes at most as
 # many ids as fit (see MysqlEngine._id_list_limit).
