@@ -136,9 +136,16 @@ class LeaseKeeper:
         await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
+        """Renew every third of a lease, counted from the start of the last renewal, not
+        its end: counted from the end, a slow renewal (SQLite's writer busy on a loaded
+        machine) pushed the next one later by its own length, and two of them left a
+        handler's lease to run out while its process lived."""
         backoff = Backoff(f"lease renewal for {','.join(self.cfg.queues)}")
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.cfg.lease / 3
         while True:
-            await asyncio.sleep(self.cfg.lease / 3)
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            due = loop.time() + self.cfg.lease / 3
             try:
                 await self.renew()
             except Exception as exc:
