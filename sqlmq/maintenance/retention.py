@@ -103,10 +103,10 @@ class ArchiveCleaner:
                 n = await self.engine.purge_archived(state=state, before=now - age,
                                                      limit=r.batch)
                 total += n
+                self.deleted += n  # as it goes: a pass cut short by an error counts its batches
                 if n < r.batch:
                     break
                 await asyncio.sleep(r.pause)
-        self.deleted += total
         self.passes += 1
         if total:
             log.info("retention: deleted %d archived message(s) past their age", total)
