@@ -8,9 +8,12 @@ from .conftest import Env, ids
 
 
 async def test_acquire_takes_messages_by_ready_time_not_by_id(env: Env) -> None:
-    (later,) = await env.publish("q", delay=0.2)
-    (now,) = await env.publish("q")
-    (earliest,) = await env.publish("q", at=await env.engine.now() - timedelta(seconds=10))
+    # Ready times from one reading of the clock: with delay=0.2 and a plain publish after
+    # it, a loaded CI took over 0.2 s between the two and the order flipped.
+    start = await env.engine.now()
+    (later,) = await env.publish("q", at=start + timedelta(seconds=0.2))
+    (now,) = await env.publish("q", at=start)
+    (earliest,) = await env.publish("q", at=start - timedelta(seconds=10))
     await env.passes(0.25)
     assert ids(await env.engine.acquire(["q"], 10, 30)) == [earliest, now, later]
 
