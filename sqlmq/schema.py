@@ -282,6 +282,11 @@ class Schema:
     queue_pause: Table
 
     @property
+    def tables(self) -> list[Table]:
+        """Every table of the prefix (the metadata may hold the user's tables too)."""
+        return [value for value in vars(self).values() if isinstance(value, Table)]
+
+    @property
     def names(self) -> dict[str, str]:
         return {"m": self.message.name, "a": self.archive.name, "v": self.version.name,
                 "pause": self.queue_pause.name, "channel": self.channel.name,

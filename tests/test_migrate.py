@@ -43,6 +43,43 @@ async def test_concurrent_migrations_create_the_schema_once(db_url: str, prefix:
         drop_tables(db_url, prefix)
 
 
+async def test_a_fresh_schema_made_at_once_is_the_one_the_steps_make(
+        db_url: str, prefix: str) -> None:
+    """A database without the prefix's tables gets the latest schema in one pass; one where
+    any of them exists (here the version table, empty: a migrator that died at once) runs
+    every step. Both end with the same tables, columns, indexes and recorded versions."""
+    stepped = f"{prefix}s_"
+    fresh, steps = Broker(db_url, table_prefix=prefix), Broker(db_url, table_prefix=stepped)
+    try:
+        async with steps.db.begin() as conn:
+            await conn.run_sync(lambda c: steps.schema.version.create(c))
+        assert await fresh.migrate() == await steps.migrate() == SCHEMA_VERSION
+
+        def shape(conn: Any, schema: Any) -> dict[str, Any]:
+            look, cut = inspect(conn), len(schema.prefix)
+            return {t.name[cut:]: (
+                sorted((c["name"], str(c["type"]), c["nullable"])
+                       for c in look.get_columns(t.name)),
+                sorted((ix["name"].replace(schema.prefix, "", 1), ix["column_names"],
+                        bool(ix["unique"])) for ix in look.get_indexes(t.name)))
+                for t in schema.tables}
+
+        shapes, versions = [], []
+        for b in (fresh, steps):
+            async with b.db.connect() as conn:
+                shapes.append(await conn.run_sync(shape, b.schema))
+                versions.append(sorted((await conn.execute(
+                    select(b.schema.version.c.version))).scalars()))
+        assert shapes[0] == shapes[1]
+        assert len(shapes[0]) == len(fresh.schema.metadata.tables)  # every table of the prefix
+        assert versions[0] == versions[1] == list(range(1, SCHEMA_VERSION + 1))
+    finally:
+        for b in (fresh, steps):
+            await b.close()
+        drop_tables(db_url, prefix)
+        drop_tables(db_url, stepped)
+
+
 async def test_an_older_schema_is_refused_until_migrated(broker: Broker) -> None:
     async with broker.db.begin() as conn:
         await conn.execute(delete(broker.schema.version)
