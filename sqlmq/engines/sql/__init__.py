@@ -31,3 +31,14 @@ def names_for(schema: Schema) -> dict[str, object]:
 
 
 __all__ = ["names_for", "render"]
+
+
+#: The fair acquire's per-row check that message ``f``'s channel has no limits, by its own
+#: settings or else its queue's default: the raw-SQL twin of ``core_fair.limited`` (negated),
+#: shared by PostgreSQL's ``ACQUIRE_FAIR`` and MariaDB's ``FAIR_PICK``.
+WITHOUT_LIMITS = """(SELECT CASE WHEN c.configured = 1
+                   THEN c.max_concurrency IS NULL AND c.rate IS NULL AND c.ordered = 0
+                   ELSE d.queue IS NULL OR (d.max_concurrency IS NULL
+                                            AND d.rate IS NULL AND d.ordered = 0) END
+       FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
+       WHERE c.name = f.channel)"""

@@ -9,6 +9,8 @@ state shared between the statements of one packet stays on the server in session
 (``@sqlmq_level``, ``@sqlmq_now``, ``@sqlmq_take``, ``@sqlmq_settle`` …).
 """
 
+from . import WITHOUT_LIMITS
+
 # ---- transactions of one packet --------------------------------------------------------------
 
 BEGIN = "START TRANSACTION"
@@ -163,12 +165,7 @@ SELECT JSON_ARRAYAGG(id) INTO @sqlmq_pick FROM (
     WHERE f.queue IN ({queues}) AND f.fair_key IS NOT NULL
       AND f.channel_due_at <= UTC_TIMESTAMP(6) AND f.state IN ('PENDING', 'RETRYABLE')
       AND f.queue NOT IN (SELECT queue FROM {pause})
-      AND (SELECT CASE WHEN c.configured = 1
-                       THEN c.max_concurrency IS NULL AND c.rate IS NULL AND c.ordered = 0
-                       ELSE d.queue IS NULL OR (d.max_concurrency IS NULL
-                                                AND d.rate IS NULL AND d.ordered = 0) END
-           FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
-           WHERE c.name = f.channel)
+      AND """ + WITHOUT_LIMITS + """
     ORDER BY f.fair_key, f.id
     LIMIT %s
 ) AS r

@@ -7,6 +7,8 @@ parses them in C, where the driver's array encoder would spend about a microseco
 per element.
 """
 
+from . import WITHOUT_LIMITS
+
 # ---- publishing ------------------------------------------------------------------------------
 
 # Publish a batch to one queue, due after $6 seconds: one statement, one round trip. The
@@ -114,7 +116,8 @@ _TAKE = _take("next_attempt_at")
 # turn taken (the low TURN_BITS of fair_key), never back. Each row's channel is looked up by
 # a subquery, not joined: joined, the planner read every channel's messages and sorted them
 # all; this way the fair index is read in order until $2 rows are found. The same choice as
-# core_channels' _fair_pick (which MariaDB and SQLite run), whose conditions these are. One
+# core_fair's _fair_pick (which SQLite runs) and MariaDB's FAIR_PICK, whose conditions these
+# are (WITHOUT_LIMITS, shared with MariaDB's). One
 # ordered read per queue (LATERAL): with queue = ANY($1), the index gives no order and the
 # whole backlog was sorted (115 ms for 20,000 rows).
 ACQUIRE_FAIR = """
@@ -123,12 +126,7 @@ WITH ready AS (
         SELECT f.id, f.channel_due_at AS next_attempt_at, f.queue, f.fair_key FROM {m} AS f
         WHERE f.queue = q.name AND f.fair_key IS NOT NULL AND f.channel_due_at <= now()
           AND f.state IN ('PENDING', 'RETRYABLE')
-          AND (SELECT CASE WHEN c.configured = 1
-                           THEN c.max_concurrency IS NULL AND c.rate IS NULL AND c.ordered = 0
-                           ELSE d.queue IS NULL OR (d.max_concurrency IS NULL
-                                                    AND d.rate IS NULL AND d.ordered = 0) END
-               FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
-               WHERE c.name = f.channel)
+          AND """ + WITHOUT_LIMITS + """
         ORDER BY f.fair_key, f.id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
