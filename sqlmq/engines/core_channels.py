@@ -246,7 +246,11 @@ class ChannelStatements(FairAcquire):
             return []
         out = await self._take(conn, picked, lease,
                                {name for name, (_, s, _) in plan.items() if s.holds_slots})
-        await self._served(conn, {channel for channel, _ in picked.values()}, plan, now)
+        # A rate spaces the starts as stamped on the deliveries (the take's clock), not from
+        # the read before the locks: from the read, a slow take let the next start come
+        # less than an interval after this one's acquired_at.
+        started = out[0].acquired_at if out else now
+        await self._served(conn, {channel for channel, _ in picked.values()}, plan, started)
         return out
 
     async def _pick(self, conn: AsyncConnection, queues: Sequence[str],
