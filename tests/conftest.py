@@ -65,6 +65,16 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}_"
 
 
+def _drop(conn: Any, schema: Any) -> None:
+    """PostgreSQL and MariaDB drop every table in one statement (drop_all asks about each
+    first: 0.05-0.1 s more a test); SQLite drops one table a statement."""
+    if conn.dialect.name == "sqlite":
+        schema.metadata.drop_all(conn)
+        return
+    quote = conn.dialect.identifier_preparer.format_table
+    conn.exec_driver_sql(f"DROP TABLE IF EXISTS {', '.join(quote(t) for t in schema.tables)}")
+
+
 def drop_tables(url: str, prefix: str, lock_wait: int = 60) -> None:
     """Drop a test's tables; a session still holding locks on them (a leaked transaction)
     fails the test within ``lock_wait`` seconds, naming the sessions where the database
@@ -81,7 +91,7 @@ def drop_tables(url: str, prefix: str, lock_wait: int = 60) -> None:
             elif conn.dialect.name in ("mysql", "mariadb"):  # MariaDB's default: a day
                 conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {lock_wait}")
             try:
-                build_schema(prefix).metadata.drop_all(conn)
+                _drop(conn, build_schema(prefix))
             except OperationalError as exc:
                 raise AssertionError(
                     f"dropping the tables of {prefix!r} waited over {lock_wait} s for locks; "
