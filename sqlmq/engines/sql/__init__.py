@@ -30,9 +30,6 @@ def names_for(schema: Schema) -> dict[str, object]:
     return {**schema.names, "history_limit": HISTORY_LIMIT}
 
 
-__all__ = ["names_for", "render"]
-
-
 #: The fair acquire's per-row check that message ``f``'s channel has no limits, by its own
 #: settings or else its queue's default: the raw-SQL twin of ``core_fair.limited`` (negated),
 #: shared by PostgreSQL's ``ACQUIRE_FAIR`` and MariaDB's ``FAIR_PICK``.
@@ -42,3 +39,6 @@ WITHOUT_LIMITS = """(SELECT CASE WHEN c.configured = 1
                                             AND d.rate IS NULL AND d.ordered = 0) END
        FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
        WHERE c.name = f.channel)"""
+
+
+__all__ = ["WITHOUT_LIMITS", "names_for", "render"]
