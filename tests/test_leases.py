@@ -4,9 +4,13 @@ its lease for as long as its handler runs; a handler can push its own lease forw
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from sqlmq import Broker, Message
 
@@ -123,12 +127,14 @@ async def _archived(broker: Broker, *ids: int) -> bool:
 
 @on_every_engine
 async def test_a_handler_whose_lease_could_not_be_renewed_is_cancelled_before_it_runs_twice(
-    broker: Broker, monkeypatch: Any
+    broker: Broker, monkeypatch: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The database stalls every extension for longer than the lease (out of reach, or a
     writer starved of SQLite's lock): the runtime cannot know whether the lease still
     holds, so at the lease's end it cancels the handler, writes nothing, and the message is
-    delivered again after the lease ends, never beside its first delivery."""
+    delivered again after the lease ends, never beside its first delivery; the warning says
+    which (here a renewal that has not come back)."""
+    caplog.set_level(logging.WARNING, logger="sqlmq")
     lease = 1.0
     real_extend = broker.engine.extend
     stalled = [True]
@@ -162,6 +168,10 @@ async def test_a_handler_whose_lease_could_not_be_renewed_is_cancelled_before_it
         await broker.stop()
 
     assert runtime.counters.lost_leases == 1 and runtime.counters.stale == 0
+    (warning,) = [m for m in (r.getMessage() for r in caplog.records)
+                  if "cancelled: its lease" in m]
+    assert re.search(r"lease 1\.0s; a renewal sent \d\.\d\ds ago has not come back",
+                     warning), warning
     (first, second) = runs
     assert (first[0], first[2]) == (1, None)  # cancelled, never finished
     assert second[0] == 2 and second[1] - first[1] >= lease  # after the lease, not beside it

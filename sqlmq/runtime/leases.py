@@ -43,12 +43,15 @@ class Holdings:
     process starved) is cancelled there, before the lease can expire in the database and
     another process start the message again (:func:`within_lease`)."""
 
-    __slots__ = ("held", "lost", "timers")
+    __slots__ = ("held", "lost", "renewing", "timers")
 
     def __init__(self) -> None:
         self.held: dict[Key, Delivery] = {}
         self.lost: set[Key] = set()
         self.timers: dict[Key, asyncio.Timeout] = {}
+        #: When the lease keeper's renewal under way was sent (loop time; None: none is),
+        #: for the warning of a cancelled handler: a slow database or a starved process.
+        self.renewing: float | None = None
 
     def renewed(self, d: Delivery, until: float) -> None:
         """``d``'s lease was extended by a statement sent at loop time ``until`` less its
@@ -68,9 +71,14 @@ class Holdings:
             counters.lost_leases += 1
         self.lost.discard(key)
         self.held.pop(key, None)
+        if self.renewing is None:
+            why = "no renewal was under way: the process was starved, or renewals failed"
+        else:
+            why = (f"a renewal sent {asyncio.get_running_loop().time() - self.renewing:.2f}s "
+                   f"ago has not come back")
         log.warning("handler %s of message %d (delivery %d) cancelled: its lease could not be "
-                    "renewed in time (lease %.1fs); it will be delivered again once the lease "
-                    "ends", handler, d.id, d.deliveries, lease)
+                    "renewed in time (lease %.1fs; %s); it will be delivered again once the "
+                    "lease ends", handler, d.id, d.deliveries, lease, why)
 
     def ran_out(self, key: Key) -> None:
         """``key``'s lease is lost: a handler still running it is cancelled now."""
@@ -160,8 +168,11 @@ class LeaseKeeper:
         loop = asyncio.get_running_loop()
         for start in range(0, len(keys), EXTEND_CHUNK):
             chunk = keys[start : start + EXTEND_CHUNK]
-            sent = loop.time()
-            kept = await self.engine.extend(chunk, self.cfg.lease)
+            sent = self.holdings.renewing = loop.time()
+            try:
+                kept = await self.engine.extend(chunk, self.cfg.lease)
+            finally:
+                self.holdings.renewing = None
             # A delivery whose result is already being flushed may have been archived in the
             # meantime: missing from ``kept`` then means settled, not lost.
             finished = {(s.id, s.deliveries) for s in self._settling}
