@@ -49,7 +49,7 @@ class Holdings:
         self.held: dict[Key, Delivery] = {}
         self.lost: set[Key] = set()
         self.timers: dict[Key, asyncio.Timeout] = {}
-        #: When the lease keeper's renewal under way was sent (loop time; None: none is),
+        #: When the lease keeper's renewal under way started (loop time; None: none is),
         #: for the warning of a cancelled handler: a slow database or a starved process.
         self.renewing: float | None = None
 
@@ -162,17 +162,23 @@ class LeaseKeeper:
                 backoff.succeeded()
 
     async def renew(self) -> None:
-        """Extend every held lease; a lease the engine did not extend is lost."""
+        """Extend every held lease; a lease the engine did not extend is lost. While it runs
+        (its extensions and its reads of cancel requests), ``holdings.renewing`` says since
+        when, for the warning of a handler cancelled meanwhile."""
+        self.holdings.renewing = asyncio.get_running_loop().time()
+        try:
+            await self._renew()
+        finally:
+            self.holdings.renewing = None
+
+    async def _renew(self) -> None:
         held, lost = self.holdings.held, self.holdings.lost
         keys = list(held)
         loop = asyncio.get_running_loop()
         for start in range(0, len(keys), EXTEND_CHUNK):
             chunk = keys[start : start + EXTEND_CHUNK]
-            sent = self.holdings.renewing = loop.time()
-            try:
-                kept = await self.engine.extend(chunk, self.cfg.lease)
-            finally:
-                self.holdings.renewing = None
+            sent = loop.time()
+            kept = await self.engine.extend(chunk, self.cfg.lease)
             # A delivery whose result is already being flushed may have been archived in the
             # meantime: missing from ``kept`` then means settled, not lost.
             finished = {(s.id, s.deliveries) for s in self._settling}
