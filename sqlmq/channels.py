@@ -13,9 +13,11 @@ channel, under the channel's settings, stored in the database so every process s
 * ``rate``: at most this many starts per second: a start moves the channel's
   ``next_start_at`` one interval on (from where it was, if the start came within an
   interval of it, so polling delays are not lost; else from now, so no burst is saved up).
-* ``ordered``: strict FIFO. Only the channel's oldest message (lowest id, in any state) may
-  start, and only while none of its messages runs: a failing head retries in place and
-  holds back only its own channel.
+* ``ordered``: strict FIFO. Only the channel's first message in publish order may start,
+  and only once the one before it is archived: a failing head retries in place and holds
+  back only its own channel. A message's priority does not move it ahead in its ordered
+  channel. (Without other limits, publish order is the fair order below, with the
+  message's id breaking a tie; with a rate or a concurrency limit, it is the id.)
 * ``max_size``: a publish that would leave more messages than this in the channel (waiting
   and running) is refused with :class:`~sqlmq.errors.ChannelFull`, nothing written.
 
@@ -30,7 +32,10 @@ first messages of every channel share turn 1, the second ones turn 2 and so on, 
 channel that joins late joins the current round rather than the back of everyone's
 backlog. The message's ``fair_key`` packs its priority above its turn, and channels
 without limits are taken in ``fair_key`` order: one ordered read of an index, as plain
-messages are taken, round-robin across channels. Channels with limits are taken apart,
+messages are taken, round-robin across channels. An ordered channel without other limits
+is taken the same way (its keys leave the priority out, :data:`ORDERED_PRIORITY`), each of
+its messages only while no message of the channel has a lower key: one probe of the index
+``(channel, fair_key, id)`` (schema version 14). Channels with limits are taken apart,
 least recently served first, under their row locks, an even share each; they go first in
 an acquire, so that their limits, not the unlimited channels' backlog, decide how much they
 run.
@@ -54,6 +59,8 @@ from .subscriber import check_name
 #: A fair key's low bits hold the turn; those above them, the priority (highest first).
 TURN_BITS = 46
 _TURN_MASK = (1 << TURN_BITS) - 1
+#: The priority an ordered channel's messages take in the fair order, whatever theirs.
+ORDERED_PRIORITY = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +95,9 @@ class ChannelSettings:
 
     @property
     def limited(self) -> bool:
-        """Whether an acquire must count, time or order the channel's starts (else its
-        messages are taken in fair order alone, without locking its row)."""
-        return self.ordered or self.max_concurrency is not None or self.rate is not None
+        """Whether an acquire must count or time the channel's starts under its row's lock
+        (else its messages are taken in fair order, an ordered channel's head by head)."""
+        return self.max_concurrency is not None or self.rate is not None
 
     @property
     def interval(self) -> float | None:
@@ -152,6 +159,20 @@ def fair_key(priority: int, turn: int) -> int:
     return ((MAX_PRIORITY - priority) << TURN_BITS) | (turn & _TURN_MASK)
 
 
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """The turns a publish (or a requeue) to a channel without limits was given: the
+    first, the others following one each; ``ordered``: the channel's keys leave the
+    priority out, so that its key order is its publish order."""
+
+    first: int
+    ordered: bool = False
+
+    def key(self, priority: int, i: int = 0) -> int:
+        """The ``fair_key`` of the ``i``-th message of the publish."""
+        return fair_key(ORDERED_PRIORITY if self.ordered else priority, self.first + i)
+
+
 def turn_of(key: int) -> int:
     return key & _TURN_MASK
 
@@ -188,6 +209,6 @@ def next_start(settings: ChannelSettings, planned: datetime | None,
     return now + step
 
 
-__all__ = ["NO_LIMITS", "TURN_BITS", "ChannelInfo", "ChannelSettings", "allowance",
-           "check_channel", "check_size", "fair_key", "first_turn", "next_start", "share",
-           "turn_of"]
+__all__ = ["NO_LIMITS", "ORDERED_PRIORITY", "TURN_BITS", "ChannelInfo", "ChannelSettings",
+           "Turns", "allowance", "check_channel", "check_size", "fair_key", "first_turn",
+           "next_start", "share", "turn_of"]

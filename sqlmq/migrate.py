@@ -29,12 +29,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn, ExecutableDDLElement
 
-from .channels import NO_LIMITS, ChannelSettings, fair_key
+from .channels import NO_LIMITS, ChannelSettings, Turns, fair_key
 from .errors import SchemaError
+from .lifecycle import State
 from .schema import (
     SCHEMA_VERSION,
     Schema,
     channel_index_of,
+    channel_key_index_of,
     dedup_index_of,
     fair_index_of,
     ready_index_of,
@@ -192,8 +194,8 @@ def _v13(conn: Connection, schema: Schema) -> None:
     defaults = {r.queue: ChannelSettings.from_row(r)
                 for r in conn.execute(select(schema.channel_default))}
     free = {r.name for r in conn.execute(select(c))
-            if not (ChannelSettings.from_row(r) if r.configured
-                    else defaults.get(r.queue, NO_LIMITS)).limited}
+            if not _limited_in_v13(ChannelSettings.from_row(r) if r.configured
+                                   else defaults.get(r.queue, NO_LIMITS))}
     turns: dict[str, int] = {}
     keys = []
     for msg_id, channel, priority in conn.execute(
@@ -207,6 +209,44 @@ def _v13(conn: Connection, schema: Schema) -> None:
             fair_key=bindparam("k")), keys)
         conn.execute(update(c).where(c.c.name == bindparam("n")).values(
             last_turn=bindparam("t")), [{"n": n, "t": t} for n, t in turns.items()])
+
+
+def _limited_in_v13(settings: ChannelSettings) -> bool:
+    """Outside the fair order as version 13 made it: ordered channels too (14 brings them
+    in)."""
+    return settings.limited or settings.ordered
+
+
+def _v14(conn: Connection, schema: Schema) -> None:
+    """Ordered channels without other limits join the fair order (see
+    :mod:`sqlmq.channels`): the index ``(channel, fair_key, id)``, and their messages, which
+    had no key (the limited acquire took them), get turns after their channel's last, its
+    running ones first, then in id order, without their priority, as
+    :func:`.engines.core_fair.rekey` gives them."""
+    m, c = schema.message, schema.channel
+    index = channel_key_index_of(schema)
+    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
+        index.create(conn)
+    defaults = {r.queue: ChannelSettings.from_row(r)
+                for r in conn.execute(select(schema.channel_default))}
+    last: dict[str, int] = {}
+    for r in conn.execute(select(c)):
+        settings = (ChannelSettings.from_row(r) if r.configured
+                    else defaults.get(r.queue, NO_LIMITS))
+        if settings.ordered and not settings.limited:
+            last[r.name] = r.last_turn
+    keys = []
+    for msg_id, channel in conn.execute(
+            select(m.c.id, m.c.channel).where(m.c.channel.in_(list(last)))
+            .order_by(m.c.state != State.PROCESSING.value, m.c.id)):
+        if channel in last:
+            last[channel] += 1
+            keys.append({"i": msg_id, "k": Turns(last[channel], ordered=True).key(0)})
+    if keys:
+        conn.execute(update(m).where(m.c.id == bindparam("i")).values(
+            fair_key=bindparam("k")), keys)
+        conn.execute(update(c).where(c.c.name == bindparam("n")).values(
+            last_turn=bindparam("t")), [{"n": n, "t": t} for n, t in last.items()])
 
 
 class AddColumn(ExecutableDDLElement):
@@ -225,7 +265,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
-    11: _v11, 12: _v12, 13: _v13}
+    11: _v11, 12: _v12, 13: _v13, 14: _v14}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

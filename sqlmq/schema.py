@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -193,6 +193,16 @@ def fair_index(message: Table) -> Index:
                  sqlite_where=text("channel_due_at IS NOT NULL"))
 
 
+def channel_key_index(message: Table) -> Index:
+    """``(channel, fair_key, id)``: whether anything of an ordered channel comes before a
+    message in key order (schema version 14), one probe for the fair acquire, whatever the
+    channel's backlog. Partial where the database can, as ``channel_index``."""
+    return Index(f"ix_{message.name}_channel_key", message.c.channel, message.c.fair_key,
+                 message.c.id,
+                 postgresql_where=text("channel IS NOT NULL"),
+                 sqlite_where=text("channel IS NOT NULL"))
+
+
 def ready_index(message: Table) -> Index:
     """The index acquire reads on PostgreSQL and SQLite, in acquire's order: highest priority
     first, then ready time, then id (FIFO within a priority). Partial: PROCESSING rows (no
@@ -235,6 +245,11 @@ def dedup_index_of(schema: Schema) -> Index:
 def fair_index_of(schema: Schema) -> Index:
     """The fair-order index of ``schema``'s message table (schema version 13)."""
     return _index_of(schema, f"ix_{schema.message.name}_fair")
+
+
+def channel_key_index_of(schema: Schema) -> Index:
+    """The ordered channels' index of ``schema``'s message table (schema version 14)."""
+    return _index_of(schema, f"ix_{schema.message.name}_channel_key")
 
 
 def channel_index_of(schema: Schema) -> Index:
@@ -337,6 +352,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     ready_index_asc(message)
     channel_index(message)
     fair_index(message)
+    channel_key_index(message)
     a = f"{prefix}archive"
     archive = Table(
         a,

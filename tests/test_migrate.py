@@ -9,6 +9,8 @@ import pytest
 from sqlalchemy import Index, MetaData, Table, delete, func, inspect, select
 
 from sqlmq import SCHEMA_VERSION, Broker, Message, SchemaError
+from sqlmq.lifecycle import Outcome
+from sqlmq.records import Settlement
 
 from .conftest import drop_tables
 
@@ -165,7 +167,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 13
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 14
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -272,7 +274,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 13
+        assert await broker.migrate() == SCHEMA_VERSION == 14
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -309,7 +311,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 13
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 14
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -355,7 +357,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 13
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 14
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -383,17 +385,16 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         a = await brokers[0].publish_batch("q", [b"a1", b"a2", b"a3"], channel="a")
         (b1,) = await brokers[0].publish_batch("q", [b"b1"], channel="b")
         async with brokers[0].db.begin() as conn:
-            await conn.execute(text(f"DROP INDEX ix_{m.name}_fair"
-                                    + (f" ON {m.name}" if db_url.startswith(("mysql", "mariadb"))
-                                       else "")))
+            for index in ("fair", "channel_key"):
+                await conn.execute(text(_drop_index(db_url, f"ix_{m.name}_{index}", m.name)))
             await conn.execute(text(f"ALTER TABLE {m.name} DROP COLUMN fair_key"))
             await conn.execute(text(f"ALTER TABLE {c.name} DROP COLUMN last_turn"))
             await conn.execute(text(f"DROP TABLE {schema.channel_clock.name}"))
-            await conn.execute(schema.version.delete().where(schema.version.c.version == 13))
+            await conn.execute(schema.version.delete().where(schema.version.c.version >= 13))
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 13
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 14
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], 2, 30)
         assert [d.id for d in got] == [a[0], b1]
@@ -404,6 +405,57 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
     finally:
         for b in brokers:
             await b.close()
+        drop_tables(db_url, prefix)
+
+
+def _drop_index(url: str, name: str, table: str) -> str:
+    return f"DROP INDEX {name}" + (f" ON {table}" if url.startswith(("mysql", "mariadb"))
+                                   else "")
+
+
+async def test_version_14_brings_ordered_channels_into_the_fair_order(
+        db_url: str, prefix: str) -> None:
+    """A version-13 schema where ordered channels were outside the fair order (no keys):
+    an ordered channel of its own and one by its queue's default, each holding a running
+    message and waiting ones of mixed priorities. After the migration the running one still
+    holds its channel back, then the rest start one at a time in publish order, the
+    priorities left out, round-robin with a channel without limits."""
+    from sqlalchemy import text, update
+
+    broker = Broker(db_url, table_prefix=prefix)
+    m = broker.schema.message
+    try:
+        await broker.migrate()
+        await broker.set_channel("own", ordered=True)
+        await broker.set_channel_default("q", ordered=True)
+        own = [await broker.publish("q", b"o", channel="own", priority=p) for p in (0, 0, 9)]
+        by_default = [await broker.publish("q", b"d", channel="dflt", priority=p)
+                      for p in (5, 0)]
+        await broker.set_channel("free", max_size=100)  # configured: no default, no limits
+        free = await broker.publish_batch("q", [b"f1", b"f2"], channel="free")
+        (running,) = await broker.engine.acquire(["q"], 1, 30)
+        assert running.id == own[0]
+        async with broker.db.begin() as conn:
+            await conn.execute(update(m).where(m.c.channel.in_(["own", "dflt"]))
+                               .values(fair_key=None))
+            await conn.execute(text(_drop_index(db_url, f"ix_{m.name}_channel_key", m.name)))
+            await conn.execute(broker.schema.version.delete()
+                               .where(broker.schema.version.c.version == 14))
+        with pytest.raises(SchemaError, match="version 13"):
+            await broker.check_schema()
+        assert await broker.migrate() == SCHEMA_VERSION == 14
+        await broker.check_schema()
+        got = await broker.engine.acquire(["q"], 10, 30)
+        assert sorted(d.id for d in got) == sorted([by_default[0], free[0], free[1]])
+        assert {d.id: d.holds_slot for d in got}[by_default[0]]
+        await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.COMPLETE)
+                                    for d in [running, *got]])
+        got = await broker.engine.acquire(["q"], 10, 30)
+        assert sorted(d.id for d in got) == sorted([own[1], by_default[1]])
+        await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.COMPLETE) for d in got])
+        assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [own[2]]
+    finally:
+        await broker.close()
         drop_tables(db_url, prefix)
 
 

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool, QueuePool
 from sqlalchemy.sql import Executable
 
+from ..channels import Turns
 from ..connect import READ_ONLY, create_async, create_sync, finish_abandoned, sync_url
 from ..dead_letters import DeadLetterNotice
 from ..errors import ConfigurationError
@@ -487,13 +488,13 @@ class ArchiveAndStatsMixin:
             return moved
 
     async def _room_for_requeue(self, conn: AsyncConnection,
-                                picked: list[int]) -> dict[str, int]:
+                                picked: list[int]) -> dict[str, Turns]:
         """Make room for the channel messages among ``picked`` as a publish does (the
         channel's row locked, its ``max_size`` checked), channel by channel in name order
         so two requeues lock them alike: a full channel refuses the whole batch with
         :class:`~sqlmq.errors.ChannelFull`, and its transaction rolls back. Returns the
-        turn of each channel without limits for them (they share it: a requeue is an
-        operator's batch)."""
+        turns of each channel without limits for them (they share the first: a requeue
+        is an operator's batch; in an ordered channel, their ids order them)."""
         from sqlalchemy import func, select
 
         a = self.schema.archive
@@ -505,11 +506,11 @@ class ArchiveAndStatsMixin:
                     .where(a.c.id.in_(chunk), a.c.channel.is_not(None))
                     .group_by(a.c.channel, a.c.queue)):
                 adding[channel, queue] = adding.get((channel, queue), 0) + n
-        turns: dict[str, int] = {}
+        turns: dict[str, Turns] = {}
         for (channel, queue), n in sorted(adding.items()):
-            turn = await run_flow(conn, room_flow(self.schema, conn.dialect, channel, queue, n))
-            if turn is not None:  # None: a channel with limits, outside the fair order
-                turns[channel] = turn
+            given = await run_flow(conn, room_flow(self.schema, conn.dialect, channel, queue, n))
+            if given is not None:  # None: a channel with limits, outside the fair order
+                turns[channel] = given
         return turns
 
     async def purge_archived(

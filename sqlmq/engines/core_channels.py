@@ -52,6 +52,7 @@ from ..channels import (
     NO_LIMITS,
     ChannelInfo,
     ChannelSettings,
+    Turns,
     allowance,
     check_size,
     first_turn,
@@ -92,21 +93,21 @@ def channel_flow(schema: Schema, dialect: Dialect, messages: NewMessages,
     """Make room in the channel (:func:`room_flow`), publish with the turns it gave;
     ``free`` is told when they were given (a channel without limits)."""
     assert messages.channel is not None
-    turn = yield from room_flow(schema, dialect, messages.channel, messages.queue,
-                                len(messages))
-    if turn is not None:
+    turns = yield from room_flow(schema, dialect, messages.channel, messages.queue,
+                                 len(messages))
+    if turns is not None:
         free()
-    return (yield from publish_flow(schema.message, dialect, messages, wake, turn))
+    return (yield from publish_flow(schema.message, dialect, messages, wake, turns))
 
 
 def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
-              adding: int) -> Generator[Step, Any, int | None]:
+              adding: int) -> Generator[Step, Any, Turns | None]:
     """Create channel ``name``'s row if need be and lock it (writers to one channel take
     turns, so the count is exact), then refuse ``adding`` more messages with
     :class:`~sqlmq.errors.ChannelFull` if they would exceed its ``max_size``: a publish's
     and a requeue's check. Else, for a channel without limits, give them their turns
-    (:func:`sqlmq.channels.first_turn`): returns the first (None: a channel with limits,
-    whose messages get no ``fair_key``). The queue's clock is read apart, without a lock:
+    (:func:`sqlmq.channels.first_turn`; None: a channel with limits, whose messages get
+    no ``fair_key``). The queue's clock is read apart, without a lock:
     a stale one only places a channel that had nothing waiting a little early in the
     round. The queue's default is read under a shared lock, so that a change of it waits
     for this publish and then sees its rows (:meth:`ChannelAdmin.set_channel_default`)."""
@@ -129,7 +130,7 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
     clock = (yield select(k.c.turn).where(k.c.queue == queue), None).scalar()
     turn = first_turn(row.last_turn, clock)
     yield update(c).where(c.c.name == name).values(last_turn=turn + adding - 1), None
-    return turn
+    return Turns(turn, settings.ordered)
 
 
 def _default_flow(schema: Schema, dialect: Dialect,
@@ -356,7 +357,7 @@ class ChannelAdmin:
                 effective = settings or await run_flow(conn, _default_flow(
                     self.schema, conn.dialect, (await conn.execute(
                         select(c.c.queue).where(c.c.name == name))).scalar_one()))
-                await rekey(conn, self.schema, [name], effective.limited)
+                await rekey(conn, self.schema, [name], effective)
             return found
 
         if found := await self._transaction(write):
@@ -385,7 +386,7 @@ class ChannelAdmin:
             if settings is not None:
                 await conn.execute(insert(d).values(queue=queue, **settings.as_row()))
             if names:
-                await rekey(conn, self.schema, names, (settings or NO_LIMITS).limited)
+                await rekey(conn, self.schema, names, settings or NO_LIMITS)
 
         await self._transaction(write)
         if settings is not None and settings.limited:

@@ -14,8 +14,10 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Integer,
+    and_,
     bindparam,
     case,
+    exists,
     func,
     literal,
     null,
@@ -29,7 +31,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..channels import TURN_BITS, fair_key, first_turn, turn_of
+from ..channels import ORDERED_PRIORITY, TURN_BITS, ChannelSettings, Turns, first_turn, turn_of
 from ..lifecycle import State
 from ..records import Delivery
 from ..schema import MAX_PRIORITY, Schema
@@ -170,7 +172,7 @@ class FairAcquire:
                          lease: float) -> list[Delivery]:
         """Take the fair pick's ``rows`` (in their order)."""
         return await self._take(conn, {r.id: (r.channel, r.channel_due_at) for r in rows},
-                                lease, set())
+                                lease, {r.channel for r in rows if r.ordered})
 
 
 class FairSql:
@@ -192,20 +194,24 @@ class FairSql:
 
 
 async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
-                under_limits: bool) -> None:
-    """Keep the fair order true to the settings of channels ``names`` (a list, or a
+                settings: ChannelSettings) -> None:
+    """Keep the fair order true to the ``settings`` of channels ``names`` (a list, or a
     select of names), whose rows the caller has locked or changed: under limits their
     messages leave it (``fair_key`` NULL: the limited acquire takes them); without, those
     that have no key get turns as a publish gives them, one per message in id order after
-    the channel's last turn or its queue's clock."""
+    the channel's last turn or its queue's clock. Ordered, every message gets a new key
+    without its priority, its running ones first: key order is then the order they may
+    start in, whatever keys the earlier settings gave."""
     c, m, k = schema.channel, schema.message, schema.channel_clock
     mine = m.c.channel.in_(names)
-    if under_limits:
+    if settings.limited or settings.ordered:
         await conn.execute(update(m).where(mine, m.c.fair_key.is_not(None))
                            .values(fair_key=None))
+    if settings.limited:
         return
     keyless = (await conn.execute(select(m.c.id, m.c.channel, m.c.priority).where(
-        mine, m.c.fair_key.is_(None)).order_by(m.c.id))).all()
+        mine, m.c.fair_key.is_(None)).order_by(
+            m.c.state != State.PROCESSING.value, m.c.id))).all()
     if not keyless:
         return
     channels = {r.name: r for r in await conn.execute(
@@ -217,52 +223,76 @@ async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
     keys = []
     for r in keyless:
         last[r.channel] += 1
-        keys.append({"i": r.id, "k": fair_key(r.priority, last[r.channel])})
+        keys.append({"i": r.id, "k": Turns(last[r.channel], settings.ordered).key(r.priority)})
     await conn.execute(update(m).where(m.c.id == bindparam("i")).values(
         fair_key=bindparam("k")), keys)
     await conn.execute(update(c).where(c.c.name == bindparam("n")).values(
         last_turn=bindparam("t")), [{"n": n, "t": t} for n, t in last.items()])
 
 
-def requeued_key(archive: Any, turns: dict[str, int]) -> Any:
+def requeued_key(archive: Any, turns: dict[str, Turns]) -> Any:
     """The ``fair_key`` of an archived row requeued to its channel (``turns``: each
-    channel's turn, from :func:`room_flow`): NULL for a row without a channel."""
+    channel's, from :func:`room_flow`; an ordered channel's leave the priority out): NULL
+    for a row without a channel."""
     if not turns:
         return null()
-    turn = case(turns, value=archive.c.channel)
-    return ((literal(MAX_PRIORITY) - archive.c.priority)
+    turn = case({name: t.first for name, t in turns.items()}, value=archive.c.channel)
+    ordered = {name: literal(ORDERED_PRIORITY) for name, t in turns.items() if t.ordered}
+    priority = (case(ordered, value=archive.c.channel, else_=archive.c.priority)
+                if ordered else archive.c.priority)
+    return ((literal(MAX_PRIORITY) - priority)
             * literal(1 << TURN_BITS, BigInteger()) + turn)
 
 
 def _has_limits(t: Any) -> Any:
-    """A channel row's own settings (or a default row's) have limits."""
-    return or_(t.c.max_concurrency.is_not(None), t.c.rate.is_not(None), t.c.ordered != 0)
+    """A channel row's own settings (or a default row's) have limits an acquire counts or
+    times under the row's lock."""
+    return or_(t.c.max_concurrency.is_not(None), t.c.rate.is_not(None))
 
 
 def limited(c: Any, d: Any) -> Any:
     """A channel row (``c``, its queue's default ``d`` outer-joined) has limits that an
-    acquire must count, time or order (:attr:`sqlmq.channels.ChannelSettings.limited`)."""
+    acquire must count or time (:attr:`sqlmq.channels.ChannelSettings.limited`)."""
     own = c.c.configured == 1
     return or_(case((own, c.c.max_concurrency), else_=d.c.max_concurrency).is_not(None),
-               case((own, c.c.rate), else_=d.c.rate).is_not(None),
-               func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0) != 0)
+               case((own, c.c.rate), else_=d.c.rate).is_not(None))
+
+
+def _fair_kind(schema: Schema, m: Any) -> Any:
+    """Message ``m``'s channel, looked up: 0 without limits, 1 ordered without other
+    limits, 2 limited (:func:`.sql.fair_kind` is its raw-SQL twin)."""
+    c, d = schema.channel, schema.channel_default
+    own = c.c.configured == 1
+    ordered = func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0) != 0
+    return (select(case((limited(c, d), 2), (ordered, 1), else_=0))
+            .select_from(c.outerjoin(d, d.c.queue == c.c.queue))
+            .where(c.c.name == m.c.channel).scalar_subquery())
+
+
+def _first_of_channel(m: Any) -> Any:
+    """No message of ``m``'s channel comes before it in key order (``fair_key``, then
+    ``id``), in any state: two probes of the index ``(channel, fair_key, id)``."""
+    o = m.alias("o")
+    same = o.c.channel == m.c.channel
+    return and_(~exists().where(same, o.c.fair_key < m.c.fair_key),
+                ~exists().where(same, o.c.fair_key == m.c.fair_key, o.c.id < m.c.id))
 
 
 def _fair_pick(schema: Schema) -> Any:
     """Up to ``most`` due messages of the channels without limits in the ``queues`` (not
-    paused), in ``fair_key`` order. Each row's channel is looked up by a correlated
-    subquery, not a join: with a join, PostgreSQL read every channel's messages and sorted
-    them all (30-50 ms for 20,000 in 1,000 channels); this way it reads the fair index in
-    order and stops at ``most``."""
-    c, d, m = schema.channel, schema.channel_default, schema.message
-    under_limits = (select(case((limited(c, d), 1), else_=0))
-                    .select_from(c.outerjoin(d, d.c.queue == c.c.queue))
-                    .where(c.c.name == m.c.channel).scalar_subquery())
-    return (select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.queue, m.c.fair_key)
+    paused), in ``fair_key`` order, an ordered channel's only while nothing of its comes
+    before them; with whether their channel is ordered. Each row's channel is looked up by
+    a correlated subquery, not a join: with a join, PostgreSQL read every channel's
+    messages and sorted them all (30-50 ms for 20,000 in 1,000 channels); this way it reads
+    the fair index in order and stops at ``most``."""
+    m = schema.message
+    kind = _fair_kind(schema, m)
+    turn = case({0: 1, 1: case((_first_of_channel(m), 1), else_=0)}, value=kind, else_=0)
+    return (select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.queue, m.c.fair_key,
+                   (kind == 1).label("ordered"))
             .where(m.c.queue.in_(bindparam("queues", expanding=True)),
                    m.c.fair_key.is_not(None), m.c.channel_due_at <= _NOW,
-                   m.c.state.in_(_WAITING), not_paused(schema, m.c.queue),
-                   under_limits == 0)
+                   m.c.state.in_(_WAITING), not_paused(schema, m.c.queue), turn == 1)
             .order_by(m.c.fair_key, m.c.id)
             .limit(bindparam("most", type_=Integer())))
 

@@ -48,7 +48,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
-from ..channels import fair_key
+from ..channels import Turns
 from ..errors import PublishError
 from ..lifecycle import State
 from ..records import NewMessage, NewMessages, Published
@@ -108,12 +108,12 @@ def expires_at_of(messages: NewMessage | NewMessages) -> Any:
 
 
 def publish_flow(table: Table, dialect: Dialect, messages: NewMessages,
-                 wake: Executable | None = None, turn: int | None = None) -> Flow:
+                 wake: Executable | None = None, turns: Turns | None = None) -> Flow:
     """Insert ``messages`` (ids in order); ``wake``, if any, runs once something is
-    written (PostgreSQL's NOTIFY). ``turn``: a channel's messages' first turn (one each
-    from there: see :mod:`sqlmq.channels`)."""
-    keys = (None if turn is None else
-            [fair_key(messages.priority, turn + i) for i in range(len(messages))])
+    written (PostgreSQL's NOTIFY). ``turns``: a channel's messages' turns (see
+    :mod:`sqlmq.channels`)."""
+    keys = (None if turns is None else
+            [turns.key(messages.priority, i) for i in range(len(messages))])
     if messages.dedup_keys is None:
         ids = yield from _plain(table, dialect, messages, keys)
     else:

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from ..channels import ChannelInfo, ChannelSettings, fair_key
+from ..channels import ChannelInfo, ChannelSettings, Turns
 from ..commit_hooks import on_commit
 from ..dead_letters import DeadLetterNotice
 from ..errors import PublishError
@@ -191,8 +191,8 @@ class MemoryStore:
                             ready if channel is None else None, priority=messages.priority,
                             expires_at=expires_at, dedup_key=key, channel=channel,
                             channel_due_at=None if channel is None else ready,
-                            fair_key=None if turn is None else fair_key(
-                                messages.priority, turn + i)))
+                            fair_key=None if turn is None else turn.key(
+                                messages.priority, i)))
             if key is None:
                 ids.append(self.last_id)
             else:
@@ -362,8 +362,7 @@ class MemoryStore:
                           now if a.channel is None else None, last_error=a.error,
                           history=a.history, priority=a.priority, channel=a.channel,
                           channel_due_at=None if a.channel is None else now,
-                          fair_key=None if turns.get(a.channel) is None else fair_key(
-                              a.priority, turns[a.channel]))])
+                          fair_key=_requeued_key(turns.get(a.channel), a.priority))])
         return len(found)
 
     def purge(self, found: list[Archived]) -> int:
@@ -466,6 +465,12 @@ def _shows(s: Settlement, row: Row | Archived | None) -> bool:
     last = (row.history or [{}])[-1]
     recovered = last.get("ended") == "lease_expired" and last.get("delivery") == s.deliveries
     return row.deliveries_count == s.deliveries and not recovered
+
+
+def _requeued_key(turns: Turns | None, priority: int) -> int | None:
+    """A requeued message's key: its channel's first turn for the requeue (None: outside
+    the fair order)."""
+    return None if turns is None else turns.key(priority)
 
 
 class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):

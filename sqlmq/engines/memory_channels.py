@@ -12,9 +12,9 @@ from ..channels import (
     NO_LIMITS,
     ChannelInfo,
     ChannelSettings,
+    Turns,
     allowance,
     check_size,
-    fair_key,
     first_turn,
     next_start,
     share,
@@ -55,11 +55,11 @@ class MemoryChannels:
             return ch.settings
         return self.defaults.get(ch.queue, NO_LIMITS)
 
-    def admit(self, name: str, queue: str, adding: int, rows: Iterable[Any]) -> int | None:
+    def admit(self, name: str, queue: str, adding: int, rows: Iterable[Any]) -> Turns | None:
         """Make channel ``name`` if need be; refuse ``adding`` more messages (a publish's,
         a requeue's) if they would exceed its ``max_size`` (``rows``: the table's rows);
-        else, without limits, give them their turns: returns the first (None: a channel
-        with limits; see :mod:`sqlmq.channels`)."""
+        else, without limits, give them their turns (None: a channel with limits; see
+        :mod:`sqlmq.channels`)."""
         ch = self.channels.setdefault(name, ChannelRow(name, queue))
         settings = self.effective(ch)
         if settings.max_size is not None:
@@ -69,7 +69,7 @@ class MemoryChannels:
             return None
         turn = first_turn(ch.last_turn, self.clocks.get(queue))
         ch.last_turn = turn + adding - 1
-        return turn
+        return Turns(turn, settings.ordered)
 
     def set(self, name: str, queue: str | None, settings: ChannelSettings | None,
             rows: Iterable[Any]) -> bool:
@@ -90,15 +90,18 @@ class MemoryChannels:
 
     def rekey(self, names: list[str], rows: Iterable[Any]) -> None:
         """As :func:`.core_fair.rekey`: channels ``names``' messages leave the fair
-        order under limits, and get turns (those without) when they have none."""
+        order under limits, and get turns (those without) when they have none; an ordered
+        channel's all get new ones, its running ones first."""
         wanted = set(names)
-        for r in sorted((r for r in rows if r.channel in wanted), key=lambda r: r.id):
+        for r in sorted((r for r in rows if r.channel in wanted),
+                        key=lambda r: (r.state != State.PROCESSING, r.id)):
             ch = self.channels[r.channel]
-            if self.effective(ch).limited:
+            settings = self.effective(ch)
+            if settings.limited:
                 r.fair_key = None
-            elif r.fair_key is None:
+            elif r.fair_key is None or settings.ordered:
                 ch.last_turn = first_turn(ch.last_turn, self.clocks.get(ch.queue))
-                r.fair_key = fair_key(r.priority, ch.last_turn)
+                r.fair_key = Turns(ch.last_turn, settings.ordered).key(r.priority)
 
     def acquire(self, rows: Iterable[Any], queues: Sequence[str], limit: int, now: datetime,
                 take: Callable[[Any, datetime | None], Delivery],
@@ -118,17 +121,27 @@ class MemoryChannels:
         channels without limits in ``fair_key`` order; the queues' clocks moved to the
         lowest turn taken."""
         wanted = set(queues)
-        free = {name for name, ch in self.channels.items() if not self.effective(ch).limited}
+        settings = {name: self.effective(ch) for name, ch in self.channels.items()}
+        free = {name for name, s in settings.items() if not s.limited}
+        first: dict[str, tuple[int, int]] = {}  # an ordered channel's first row, key order
+        for r in rows:
+            if r.channel in free and settings[r.channel].ordered and r.fair_key is not None:
+                place = (r.fair_key, r.id)
+                first[r.channel] = min(first.get(r.channel, place), place)
         due = sorted((r for r in rows if r.channel in free and r.state in _WAITING
                       and r.queue in wanted and r.fair_key is not None
-                      and r.channel_due_at is not None and r.channel_due_at <= now),
+                      and r.channel_due_at is not None and r.channel_due_at <= now
+                      and (not settings[r.channel].ordered
+                           or first[r.channel] == (r.fair_key, r.id))),
                      key=lambda r: (r.fair_key, r.id))[:limit]
         lowest: dict[str, int] = {}
         out = []
         for r in due:
             lowest[r.queue] = min(lowest.get(r.queue, turn_of(r.fair_key)), turn_of(r.fair_key))
             scheduled, r.channel_due_at = r.channel_due_at, None
-            out.append(take(r, scheduled))
+            d = take(r, scheduled)
+            d.holds_slot = settings[r.channel].ordered
+            out.append(d)
         for queue, turn in lowest.items():
             self.clocks[queue] = max(self.clocks.get(queue, 0), turn)
         self.spread[key] = len({d.channel for d in out})

@@ -197,7 +197,7 @@ class FairPacket:
         rows = sorted(rows, key=lambda r: (r[17], r[0]))
         out = _deliveries(rows, lease)
         for d, r in zip(out, rows, strict=True):
-            d.channel = r[16]
+            d.channel, d.holds_slot = r[16], bool(r[18])
         self._fair_spread[tuple(queues)] = len({r[16] for r in rows})
         return out
 

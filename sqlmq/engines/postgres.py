@@ -366,7 +366,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         rows.sort(key=lambda r: (r[18], r[0]))
         out = _decoded(rows)
         for d, r in zip(out, rows, strict=True):
-            d.channel = r[17]
+            d.channel, d.holds_slot = r[17], r[19]
         self._fair_spread[tuple(queues)] = len({r[17] for r in rows})
         return out
 

@@ -184,7 +184,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         picked = {r.id: r for r in rows}
         out = _decoded(taken, {r.id: r.channel_due_at for r in rows})
         for d in out:
-            d.channel = picked[d.id].channel
+            d.channel, d.holds_slot = picked[d.id].channel, bool(picked[d.id].ordered)
         order = {r.id: i for i, r in enumerate(rows)}
         out.sort(key=lambda d: order[d.id])
         return out

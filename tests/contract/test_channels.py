@@ -107,12 +107,20 @@ async def spaced_start(env: Env, *, after: Delivery) -> list[Delivery]:
     return came
 
 
+#: Ordered alone (taken in fair order, head by head) and with a concurrency limit (taken
+#: by the limited acquire, under the channel row's lock).
+ORDERED = pytest.mark.parametrize("ordered", [
+    ChannelSettings(ordered=True), ChannelSettings(ordered=True, max_concurrency=1)],
+    ids=["fair", "limited"])
+
+
+@ORDERED
 async def test_an_ordered_channel_starts_its_head_only_and_a_retry_keeps_its_place(
-        env: Env) -> None:
-    await env.engine.set_channel("o", "q", ChannelSettings(ordered=True))
+        env: Env, ordered: ChannelSettings) -> None:
+    await env.engine.set_channel("o", "q", ordered)
     sent = await publish(env, "o", 3)
     (head,) = await env.engine.acquire(["q"], 10, 30)
-    assert head.id == sent[0]
+    assert head.id == sent[0] and head.holds_slot
     assert await env.engine.acquire(["q"], 10, 30) == []
     retry = Settlement(head.id, head.deliveries, Outcome.RETRY, delay=0.3)
     assert await env.engine.settle([retry]) == {head.id}
@@ -123,6 +131,57 @@ async def test_an_ordered_channel_starts_its_head_only_and_a_retry_keeps_its_pla
     assert again.id == sent[0] and again.scheduled_at is not None
     assert await env.engine.settle([done(again)]) == {sent[0]}
     assert ids(await env.engine.acquire(["q"], 10, 30)) == [sent[1]]
+
+
+@ORDERED
+async def test_an_ordered_channel_keeps_publish_order_whatever_the_priorities(
+        env: Env, ordered: ChannelSettings) -> None:
+    await env.engine.set_channel("o", "q", ordered)
+    sent = []
+    for priority in (-5, 9, 0):
+        batch = NewMessages.of([msg("q", b"o")])
+        sent += await env.engine.publish(replace(batch, channel="o", priority=priority))
+    for expected in sent:
+        (d,) = await env.engine.acquire(["q"], 10, 30)
+        assert d.id == expected
+        assert await env.engine.acquire(["q"], 10, 30) == []
+        assert await env.engine.settle([done(d)]) == {expected}
+
+
+async def test_a_channel_made_ordered_waits_for_its_running_deliveries(env: Env) -> None:
+    """Its running messages come first in its new order, whatever their ids: nothing else
+    of the channel starts until they are archived, then one at a time, in id order."""
+    sent = await publish(env, "a", 4)
+    first, second = await env.engine.acquire(["q"], 2, 30)
+    assert (first.id, second.id) == (sent[0], sent[1])
+    retry = Settlement(first.id, first.deliveries, Outcome.RETRY)
+    assert await env.engine.settle([retry]) == {sent[0]}  # waits again, before second
+    await env.engine.set_channel("a", "q", ChannelSettings(ordered=True))
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert await env.engine.settle([done(second)]) == {sent[1]}
+    for expected in (sent[0], sent[2], sent[3]):
+        (d,) = await env.engine.acquire(["q"], 10, 30)
+        assert d.id == expected
+        assert await env.engine.settle([done(d)]) == {expected}
+
+
+async def test_a_requeued_message_joins_the_back_of_its_ordered_channel(env: Env) -> None:
+    """A requeue publishes again: in an ordered channel without other limits, after the
+    messages already there (never before one that may be running)."""
+    await env.engine.set_channel("o", "q", ChannelSettings(ordered=True))
+    sent = await publish(env, "o", 3)
+    (head,) = await env.engine.acquire(["q"], 10, 30)
+    failed = Settlement(head.id, head.deliveries, Outcome.FAIL)
+    assert await env.engine.settle([failed]) == {sent[0]}
+    (running,) = await env.engine.acquire(["q"], 10, 30)
+    assert running.id == sent[1]
+    assert await env.engine.requeue_archived(ids=[sent[0]]) == 1
+    assert await env.engine.acquire(["q"], 10, 30) == []  # sent[1] still runs
+    for expected in (sent[1], sent[2], sent[0]):
+        if expected != sent[1]:
+            (running,) = await env.engine.acquire(["q"], 10, 30)
+        assert running.id == expected
+        assert await env.engine.settle([done(running)]) == {expected}
 
 
 async def test_max_size_refuses_a_publish_and_writes_nothing(env: Env) -> None:

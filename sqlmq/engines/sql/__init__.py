@@ -30,15 +30,36 @@ def names_for(schema: Schema) -> dict[str, object]:
     return {**schema.names, "history_limit": HISTORY_LIMIT}
 
 
-#: The fair acquire's per-row check that message ``f``'s channel has no limits, by its own
-#: settings or else its queue's default: the raw-SQL twin of ``core_fair.limited`` (negated),
-#: shared by PostgreSQL's ``ACQUIRE_FAIR`` and MariaDB's ``FAIR_PICK``.
-WITHOUT_LIMITS = """(SELECT CASE WHEN c.configured = 1
-                   THEN c.max_concurrency IS NULL AND c.rate IS NULL AND c.ordered = 0
-                   ELSE d.queue IS NULL OR (d.max_concurrency IS NULL
-                                            AND d.rate IS NULL AND d.ordered = 0) END
-       FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
-       WHERE c.name = f.channel)"""
+def fair_kind(row: str) -> str:
+    """The fair acquire's per-row look at message ``row``'s channel, by its own settings or
+    else its queue's default: 0 without limits, 1 ordered without other limits, 2 with a
+    concurrency limit or a rate (the limited acquire's). The raw-SQL twin of
+    ``core_fair._fair_kind``, shared by PostgreSQL's and MariaDB's fair acquires."""
+    return f"""(SELECT CASE WHEN c.configured = 1 THEN
+                CASE WHEN c.max_concurrency IS NOT NULL OR c.rate IS NOT NULL THEN 2
+                     WHEN c.ordered <> 0 THEN 1 ELSE 0 END
+            WHEN d.queue IS NULL THEN 0
+            WHEN d.max_concurrency IS NOT NULL OR d.rate IS NOT NULL THEN 2
+            WHEN d.ordered <> 0 THEN 1 ELSE 0 END
+       FROM {{channel}} AS c LEFT JOIN {{channel_default}} AS d ON d.queue = c.queue
+       WHERE c.name = {row}.channel)"""
 
 
-__all__ = ["WITHOUT_LIMITS", "names_for", "render"]
+def fair_turn(hint: str = "") -> str:
+    """The fair acquire's condition on message ``f``: its channel has no limits, or is
+    ordered without others and has no message before ``f`` in its key order (``fair_key``,
+    then ``id``; in any state, so one running holds the rest back): two probes of the
+    index ``(channel, fair_key, id)``, which ``hint`` may name."""
+    return f"""CASE {fair_kind("f")}
+        WHEN 0 THEN 1
+        WHEN 1 THEN CASE WHEN NOT EXISTS (
+                SELECT 1 FROM {{m}} AS o {hint}
+                WHERE o.channel = f.channel AND o.fair_key < f.fair_key)
+            AND NOT EXISTS (
+                SELECT 1 FROM {{m}} AS o {hint}
+                WHERE o.channel = f.channel AND o.fair_key = f.fair_key AND o.id < f.id)
+            THEN 1 ELSE 0 END
+        ELSE 0 END = 1"""
+
+
+__all__ = ["fair_kind", "fair_turn", "names_for", "render"]

@@ -9,7 +9,7 @@ state shared between the statements of one packet stays on the server in session
 (``@sqlmq_level``, ``@sqlmq_now``, ``@sqlmq_take``, ``@sqlmq_settle`` …).
 """
 
-from . import WITHOUT_LIMITS
+from . import fair_kind, fair_turn
 
 # ---- transactions of one packet --------------------------------------------------------------
 
@@ -157,23 +157,25 @@ ACQUIRE_LEVELS_READ = "SELECT @sqlmq_level, @sqlmq_next"
 #
 # One packet, one transaction, as the plain acquire (see sqlmq.engines.core_fair for what it
 # does). 1. FAIR_PICK: up to %s due messages of the channels without limits in the queues,
-# in fair order, read without locks (a locking read might lock the channel rows its
-# subquery reads), their ids into @sqlmq_pick. Parameters: the queues, then the limit.
+# in fair order (an ordered channel's only while nothing of its comes before them), read
+# without locks (a locking read might lock the channel rows its subqueries read), their ids
+# into @sqlmq_pick. Parameters: the queues, then the limit.
 FAIR_PICK = """
 SELECT JSON_ARRAYAGG(id) INTO @sqlmq_pick FROM (
     SELECT f.id FROM {m} AS f FORCE INDEX (ix_{m}_fair)
     WHERE f.queue IN ({queues}) AND f.fair_key IS NOT NULL
       AND f.channel_due_at <= UTC_TIMESTAMP(6) AND f.state IN ('PENDING', 'RETRYABLE')
       AND f.queue NOT IN (SELECT queue FROM {pause})
-      AND """ + WITHOUT_LIMITS + """
+      AND """ + fair_turn("FORCE INDEX (ix_{m}_channel_key)") + """
     ORDER BY f.fair_key, f.id
     LIMIT %s
 ) AS r
 """
 
 # 2. Lock those still waiting (SKIP LOCKED), their ids and the clock into @sqlmq_take and
-#    @sqlmq_now; 3. FAIR_READ them (with their channel and key); 4. FAIR_TAKE them, leased
-#    for %s microseconds; 5. move each queue's clock on to the lowest turn taken.
+#    @sqlmq_now; 3. FAIR_READ them (with their channel, key, and whether it is ordered);
+#    4. FAIR_TAKE them, leased for %s microseconds; 5. move each queue's clock on to the
+#    lowest turn taken.
 FAIR_LOCK = """
 SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
     SELECT m.id
@@ -184,7 +186,7 @@ SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
 ) AS r
 """
 
-FAIR_READ = _read("channel_due_at", ", m.channel, m.fair_key")
+FAIR_READ = _read("channel_due_at", ", m.channel, m.fair_key, " + fair_kind("m") + " = 1")
 
 FAIR_TAKE = _take("channel_due_at")
 

@@ -7,7 +7,7 @@ parses them in C, where the driver's array encoder would spend about a microseco
 per element.
 """
 
-from . import WITHOUT_LIMITS
+from . import fair_kind, fair_turn
 
 # ---- publishing ------------------------------------------------------------------------------
 
@@ -111,22 +111,25 @@ RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
 _TAKE = _take("next_attempt_at")
 
 # Acquire up to $2 due messages of the channels without limits in queues $1 (an array), in
-# their fair order (schema version 13, see sqlmq.channels), leased for $3 seconds, returned as
-# ACQUIRE returns them with their channel last; and move each queue's clock on to the lowest
-# turn taken (the low TURN_BITS of fair_key), never back. Each row's channel is looked up by
-# a subquery, not joined: joined, the planner read every channel's messages and sorted them
-# all; this way the fair index is read in order until $2 rows are found. The same choice as
-# core_fair's _fair_pick (which SQLite runs) and MariaDB's FAIR_PICK, whose conditions these
-# are (WITHOUT_LIMITS, shared with MariaDB's). One
+# their fair order (schema version 13, see sqlmq.channels), an ordered channel's only while
+# nothing of its comes before them (schema version 14), leased for $3 seconds, returned as
+# ACQUIRE returns them with their channel, key and whether the channel is ordered last; and
+# move each queue's clock on to the lowest turn taken (the low TURN_BITS of fair_key), never
+# back. Each row's channel is looked up by a subquery, not joined: joined, the planner read
+# every channel's messages and sorted them all; this way the fair index is read in order
+# until $2 rows are found. The same choice as core_fair's _fair_pick (which SQLite runs) and
+# MariaDB's FAIR_PICK, whose conditions these are (fair_turn, shared with MariaDB's). One
 # ordered read per queue (LATERAL): with queue = ANY($1), the index gives no order and the
 # whole backlog was sorted (115 ms for 20,000 rows).
 ACQUIRE_FAIR = """
 WITH ready AS (
     SELECT r.* FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
-        SELECT f.id, f.channel_due_at AS next_attempt_at, f.queue, f.fair_key FROM {m} AS f
+        SELECT f.id, f.channel_due_at AS next_attempt_at, f.queue, f.fair_key,
+               """ + fair_kind("f") + """ = 1 AS ordered
+        FROM {m} AS f
         WHERE f.queue = q.name AND f.fair_key IS NOT NULL AND f.channel_due_at <= now()
           AND f.state IN ('PENDING', 'RETRYABLE')
-          AND """ + WITHOUT_LIMITS + """
+          AND """ + fair_turn() + """
         ORDER BY f.fair_key, f.id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -140,7 +143,7 @@ WITH ready AS (
     ON CONFLICT (queue) DO UPDATE SET turn = EXCLUDED.turn
     WHERE {channel_clock}.turn < EXCLUDED.turn
 )
-""" + _take("channel_due_at", ",\n    m.channel, ready.fair_key")
+""" + _take("channel_due_at", ",\n    m.channel, ready.fair_key, ready.ordered")
 
 # Queue $1 is not paused (schema version 11: a row in {pause}). Not a condition on each row:
 # the planner makes it a one-time filter above the scans (one probe of the pause table's
