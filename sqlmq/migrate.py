@@ -35,6 +35,7 @@ from .lifecycle import State
 from .schema import (
     SCHEMA_VERSION,
     Schema,
+    channel_due_index_of,
     channel_index_of,
     channel_key_index_of,
     dedup_index_of,
@@ -219,14 +220,16 @@ def _limited_in_v13(settings: ChannelSettings) -> bool:
 
 def _v14(conn: Connection, schema: Schema) -> None:
     """Ordered channels without other limits join the fair order (see
-    :mod:`sqlmq.channels`): the index ``(channel, fair_key, id)``, and their messages, which
+    :mod:`sqlmq.channels`): the index ``(channel, fair_key, id)`` (and, on PostgreSQL and
+    SQLite, the limited channels' pick index), and their messages, which
     had no key (the limited acquire took them), get turns after their channel's last, its
     running ones first, then in id order, without their priority, as
     :func:`.engines.core_fair.rekey` gives them."""
     m, c = schema.message, schema.channel
-    index = channel_key_index_of(schema)
-    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
-        index.create(conn)
+    present = {ix["name"] for ix in inspect(conn).get_indexes(m.name)}
+    for index in (channel_key_index_of(schema), channel_due_index_of(schema)):
+        if index.name not in present:
+            index.create(conn)  # a no-op where its ddl_if excludes this database
     defaults = {r.queue: ChannelSettings.from_row(r)
                 for r in conn.execute(select(schema.channel_default))}
     last: dict[str, int] = {}

@@ -203,6 +203,20 @@ def channel_key_index(message: Table) -> Index:
                  sqlite_where=text("channel IS NOT NULL"))
 
 
+def channel_due_index(message: Table) -> Index:
+    """``(channel, priority DESC, channel_due_at, id)`` of waiting channel messages (schema
+    version 14, PostgreSQL and SQLite): a limited channel's next messages in acquire order,
+    read up to its allowance instead of every due message of the channel. MariaDB keeps
+    its window over the channel index (its index could not be partial and has no LATERAL
+    to read it per channel)."""
+    c = message.c
+    return Index(f"ix_{message.name}_channel_due", c.channel, c.priority.desc(),
+                 c.channel_due_at, c.id,
+                 postgresql_where=text("channel_due_at IS NOT NULL"),
+                 sqlite_where=text("channel_due_at IS NOT NULL"),
+                 ).ddl_if(dialect=("postgresql", "sqlite"))
+
+
 def ready_index(message: Table) -> Index:
     """The index acquire reads on PostgreSQL and SQLite, in acquire's order: highest priority
     first, then ready time, then id (FIFO within a priority). Partial: PROCESSING rows (no
@@ -250,6 +264,11 @@ def fair_index_of(schema: Schema) -> Index:
 def channel_key_index_of(schema: Schema) -> Index:
     """The ordered channels' index of ``schema``'s message table (schema version 14)."""
     return _index_of(schema, f"ix_{schema.message.name}_channel_key")
+
+
+def channel_due_index_of(schema: Schema) -> Index:
+    """The limited channels' pick index of ``schema``'s message table (schema version 14)."""
+    return _index_of(schema, f"ix_{schema.message.name}_channel_due")
 
 
 def channel_index_of(schema: Schema) -> Index:
@@ -353,6 +372,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     channel_index(message)
     fair_index(message)
     channel_key_index(message)
+    channel_due_index(message)
     a = f"{prefix}archive"
     archive = Table(
         a,

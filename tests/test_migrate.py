@@ -125,7 +125,7 @@ def _v2_metadata(schema: Any) -> MetaData:
         old = Table(t.name, md, *[c._copy() for c in t.columns if c.name not in later],
                     **t.dialect_kwargs)
         for ix in t.indexes:
-            if ix.name.endswith(("_ready_asc", "_dedup")):
+            if ix.name.endswith(("_ready_asc", "_dedup", "_channel_due")):
                 continue
             columns = (["queue", "next_attempt_at", "id"] if ix.name.endswith("_ready")
                        else [c.name for c in ix.columns])

@@ -39,6 +39,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    true,
     type_coerce,
     update,
 )
@@ -67,7 +68,7 @@ from .core_fair import CHANNEL_LOOK_INTERVAL, FairAcquire, limited, rekey
 from .core_operations import not_paused
 from .core_publish import Flow, Step, publish_flow, run_flow
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
-from .sql_lists import listed, served_in_order
+from .sql_lists import list_rows, listed, served_in_order
 
 _NOW = db_now_plus(literal(0.0))
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
@@ -468,7 +469,9 @@ class ChannelSql:
         self.heads = select(m.c.id, m.c.channel, m.c.state, m.c.queue,
                             m.c.channel_due_at).where(m.c.id.in_(heads),
                                                       not_paused(schema, m.c.queue))
-        self.due_per_channel = _due_per_channel(schema)
+        self.due_per_channel = (_due_per_channel_in_order(schema, dialect)
+                                if dialect.name in ("postgresql", "sqlite")
+                                else _due_per_channel(schema))
         self.take = update(m).where(
             listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
             m.c.channel_due_at.is_not(None),
@@ -505,6 +508,32 @@ def _due_per_channel(schema: Schema) -> Any:
             m.c.state.in_(_WAITING), m.c.queue.in_(bindparam("queues", expanding=True)),
             not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW).subquery()
     return select(numbered).where(numbered.c.rn <= bindparam("most"))
+
+
+def _due_per_channel_in_order(schema: Schema, dialect: Dialect) -> Any:
+    """:func:`_due_per_channel` on PostgreSQL and SQLite: each named channel's due messages
+    read in acquire order from the index ``(channel, priority DESC, channel_due_at, id)``
+    and cut at ``most`` (a LATERAL per name on PostgreSQL, a correlated subquery per name
+    on SQLite), then numbered. The window over every due message of the channels read
+    8,000 rows for 8 channels of 1,000, 5-9 ms of each acquire on PostgreSQL."""
+    m, names = schema.message.alias("f"), list_rows(dialect, "names")
+    first = (select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.priority)
+             .where(m.c.channel == names.c.v, m.c.state.in_(_WAITING),
+                    m.c.queue.in_(bindparam("queues", expanding=True)),
+                    not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW)
+             .order_by(m.c.priority.desc(), m.c.channel_due_at, m.c.id)
+             .limit(bindparam("most", type_=Integer())))
+    if dialect.name == "postgresql":
+        rows: Any = first.lateral("r")
+        source = names.join(rows, true())
+    else:
+        rows = schema.message
+        source = names.join(rows, rows.c.id.in_(
+            first.with_only_columns(m.c.id).correlate(names)))
+    return select(rows.c.id, rows.c.channel, rows.c.channel_due_at, func.row_number().over(
+        partition_by=rows.c.channel,
+        order_by=(rows.c.priority.desc(), rows.c.channel_due_at, rows.c.id)).label("rn")
+    ).select_from(source)
 
 
 def _due_in(schema: Schema) -> Any:

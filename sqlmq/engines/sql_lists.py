@@ -108,4 +108,12 @@ def served_in_order(dialect: Dialect, channel: Table, key: str) -> Any:
         served_at=db_now_plus(literal(0.0)), served_rank=items.c.i)
 
 
-__all__ = ["listed", "served_in_order"]
+def list_rows(dialect: Dialect, key: str) -> Any:
+    """The list of names bound as ``key`` as rows ``j`` of one column ``v`` (PostgreSQL
+    and SQLite), to read something per name (a LATERAL, a correlated subquery)."""
+    if dialect.name == "postgresql":
+        return func.unnest(_param(key, "name")).table_valued("v").render_derived(name="j")
+    return _items(dialect, key, "name")
+
+
+__all__ = ["list_rows", "listed", "served_in_order"]

@@ -148,6 +148,23 @@ async def test_an_ordered_channel_keeps_publish_order_whatever_the_priorities(
         assert await env.engine.settle([done(d)]) == {expected}
 
 
+async def test_a_limited_channel_starts_its_messages_by_priority_then_due_time(
+        env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=3))
+    await env.engine.set_channel("b", "q", ChannelSettings(max_concurrency=1))
+    sent = {}
+    for name, priority, delay in (("low", 0, 0.0), ("high", 9, 0.0), ("later", 9, 60.0),
+                                  ("next", 0, 0.0), ("last", -3, 0.0)):
+        batch = NewMessages.of([msg("q", name.encode(), delay=delay)])
+        (sent[name],) = await env.engine.publish(replace(batch, channel="a", priority=priority))
+    (other,) = await publish(env, "b")
+    got = await env.engine.acquire(["q"], 10, 30)
+    assert sorted(ids(got)) == sorted([sent["high"], sent["low"], sent["next"], other])
+    assert [d.id for d in got if d.channel == "a"] == [sent["high"], sent["low"], sent["next"]]
+    await env.engine.settle([done(d) for d in got])
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [sent["last"]]
+
+
 async def test_a_channel_made_ordered_waits_for_its_running_deliveries(env: Env) -> None:
     """Its running messages come first in its new order, whatever their ids: nothing else
     of the channel starts until they are archived, then one at a time, in id order."""

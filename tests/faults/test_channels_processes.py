@@ -154,6 +154,7 @@ def test_twenty_channels_of_two_hold_across_three_processes_and_a_sigkill(
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_channel_at_twenty_a_second_starts_two_hundred_in_ten_seconds_across_processes(
     tables: Tables, runs: Table, db_url: str, prefix: str, log_dir: Path
 ) -> None:
