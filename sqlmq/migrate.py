@@ -192,11 +192,8 @@ def _v13(conn: Connection, schema: Schema) -> None:
     if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
         index.create(conn)
     schema.metadata.create_all(conn, tables=[schema.channel_clock], checkfirst=True)
-    defaults = {r.queue: ChannelSettings.from_row(r)
-                for r in conn.execute(select(schema.channel_default))}
-    free = {r.name for r in conn.execute(select(c))
-            if not _limited_in_v13(ChannelSettings.from_row(r) if r.configured
-                                   else defaults.get(r.queue, NO_LIMITS))}
+    free = {r.name for r, settings in _channel_settings(conn, schema)
+            if not _limited_in_v13(settings)}
     turns: dict[str, int] = {}
     keys = []
     for msg_id, channel, priority in conn.execute(
@@ -205,11 +202,29 @@ def _v13(conn: Connection, schema: Schema) -> None:
         if channel in free:
             turns[channel] = turns.get(channel, 0) + 1
             keys.append({"i": msg_id, "k": fair_key(priority, turns[channel])})
+    _write_keys(conn, schema, keys, turns)
+
+
+def _channel_settings(conn: Connection,
+                      schema: Schema) -> list[tuple[Any, ChannelSettings]]:
+    """Each channel row with the settings that apply to it: its own, else its queue's
+    default, else none."""
+    defaults = {r.queue: ChannelSettings.from_row(r)
+                for r in conn.execute(select(schema.channel_default))}
+    return [(r, ChannelSettings.from_row(r) if r.configured
+             else defaults.get(r.queue, NO_LIMITS))
+            for r in conn.execute(select(schema.channel))]
+
+
+def _write_keys(conn: Connection, schema: Schema, keys: list[dict[str, int]],
+                last_turns: dict[str, int]) -> None:
+    """Store messages' fair keys (``{"i": id, "k": key}``) and their channels' last turns."""
+    m, c = schema.message, schema.channel
     if keys:
         conn.execute(update(m).where(m.c.id == bindparam("i")).values(
             fair_key=bindparam("k")), keys)
         conn.execute(update(c).where(c.c.name == bindparam("n")).values(
-            last_turn=bindparam("t")), [{"n": n, "t": t} for n, t in turns.items()])
+            last_turn=bindparam("t")), [{"n": n, "t": t} for n, t in last_turns.items()])
 
 
 def _limited_in_v13(settings: ChannelSettings) -> bool:
@@ -225,31 +240,20 @@ def _v14(conn: Connection, schema: Schema) -> None:
     had no key (the limited acquire took them), get turns after their channel's last, its
     running ones first, then in id order, without their priority, as
     :func:`.engines.core_fair.rekey` gives them."""
-    m, c = schema.message, schema.channel
+    m = schema.message
     present = {ix["name"] for ix in inspect(conn).get_indexes(m.name)}
     for index in (channel_key_index_of(schema), channel_due_index_of(schema)):
         if index.name not in present:
             index.create(conn)  # a no-op where its ddl_if excludes this database
-    defaults = {r.queue: ChannelSettings.from_row(r)
-                for r in conn.execute(select(schema.channel_default))}
-    last: dict[str, int] = {}
-    for r in conn.execute(select(c)):
-        settings = (ChannelSettings.from_row(r) if r.configured
-                    else defaults.get(r.queue, NO_LIMITS))
-        if settings.ordered and not settings.limited:
-            last[r.name] = r.last_turn
+    last = {r.name: r.last_turn for r, settings in _channel_settings(conn, schema)
+            if settings.ordered and not settings.limited}
     keys = []
     for msg_id, channel in conn.execute(
             select(m.c.id, m.c.channel).where(m.c.channel.in_(list(last)))
             .order_by(m.c.state != State.PROCESSING.value, m.c.id)):
-        if channel in last:
-            last[channel] += 1
-            keys.append({"i": msg_id, "k": Turns(last[channel], ordered=True).key(0)})
-    if keys:
-        conn.execute(update(m).where(m.c.id == bindparam("i")).values(
-            fair_key=bindparam("k")), keys)
-        conn.execute(update(c).where(c.c.name == bindparam("n")).values(
-            last_turn=bindparam("t")), [{"n": n, "t": t} for n, t in last.items()])
+        last[channel] += 1
+        keys.append({"i": msg_id, "k": Turns(last[channel], ordered=True).key(0)})
+    _write_keys(conn, schema, keys, last)
 
 
 class AddColumn(ExecutableDDLElement):
