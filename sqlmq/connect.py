@@ -411,6 +411,8 @@ def prepare_sqlite(engine: SyncEngine) -> None:
             if held is not None:
                 held[0].call_soon(held[1].release)
 
+        # Before the turn is given back: the next writer would wait on the lock otherwise.
+        event.listen(engine, "invalidate", _end_transaction_cut_short)
         for name in ("checkin", "close", "invalidate"):
             event.listen(engine, name, _give_back_write_turn)
 
@@ -522,6 +524,47 @@ async def write_turn(engine: AsyncEngine) -> AsyncIterator[None]:
         yield
     finally:
         lock.release()
+
+
+def _end_transaction_cut_short(_dbapi_conn: Any, record: Any, *_args: Any) -> None:
+    """Roll back the transaction of a connection SQLAlchemy is about to throw away.
+
+    A task cancelled inside a statement leaves that statement running on aiosqlite's
+    thread; SQLAlchemy then closes the connection, but ``sqlite3_close_v2`` with a statement
+    not yet finalized only turns the connection into a zombie that keeps its transaction,
+    and so the database's write lock, until the garbage collector frees the cursor: every
+    other writer, in any process, waited on the busy timeout meanwhile. So the statement is
+    interrupted and the transaction rolled back first, on the connection's own thread,
+    shielded from a second cancellation. Outside SQLAlchemy's greenlet the rollback runs as
+    a task of its own; with no event loop (a connection collected as garbage) nothing can
+    run on the connection's thread any more."""
+    from sqlalchemy.exc import MissingGreenlet
+    from sqlalchemy.util import await_only
+
+    driver = getattr(record, "driver_connection", None)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if driver is None:
+        return
+    rollback = loop.create_task(_roll_back_quietly(driver))
+    try:
+        await_only(asyncio.shield(rollback))
+    except MissingGreenlet:
+        _ROLLBACKS.add(rollback)
+        rollback.add_done_callback(_ROLLBACKS.discard)
+
+
+_ROLLBACKS: set[asyncio.Task[None]] = set()
+
+
+async def _roll_back_quietly(driver: Any) -> None:
+    # A connection invalidated because it is broken fails both; that is no news.
+    with contextlib.suppress(Exception):
+        await driver.interrupt()
+    with contextlib.suppress(Exception):
+        await driver.rollback()
 
 
 def _give_back_write_turn(_dbapi_conn: Any, record: Any, *_args: Any) -> None:

@@ -5,6 +5,7 @@ not with its connection, so a connection kept open between transactions holds no
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
 from sqlalchemy import text
@@ -45,7 +46,9 @@ async def test_concurrent_writers_of_one_broker_all_get_their_turn(broker: Broke
 
 
 @pytest.mark.parametrize("db_kind", ["sqlite"])
-async def test_a_task_cancelled_inside_a_statement_ends_cancelled(broker: Broker) -> None:
+async def test_a_task_cancelled_inside_a_statement_ends_cancelled_and_frees_the_write_lock(
+    broker: Broker,
+) -> None:
     """SQLAlchemy invalidates a connection whose statement a cancellation cut short; the
     turn's end then must not read the connection, which raised PendingRollbackError in
     place of the CancelledError (the task's stopper took it for an ordinary failure)."""
@@ -67,3 +70,16 @@ async def test_a_task_cancelled_inside_a_statement_ends_cancelled(broker: Broker
     from sqlmq.connect import _TURN
 
     assert not any(lock.locked() for lock in broker.db.sync_engine.__dict__[_TURN].values())
+    # The database's own write lock is free as well: the cut-short transaction was rolled
+    # back, not left to a zombie connection until the garbage collector found its cursor.
+    await asyncio.to_thread(_take_write_lock, broker.db.url.database)
+
+
+def _take_write_lock(path: str | None) -> None:
+    assert path
+    other = sqlite3.connect(path, timeout=5, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
