@@ -23,7 +23,15 @@ QUICK = dict(flush_interval=0.0, max_fetch_interval=0.05)
 
 async def test_three_brokers_never_exceed_a_channels_concurrency(
         broker: Broker, db_url: str, prefix: str) -> None:
-    brokers = [broker, sibling(broker, db_url, prefix), sibling(broker, db_url, prefix)]
+    await four_channels_of_two(
+        [broker, sibling(broker, db_url, prefix), sibling(broker, db_url, prefix)])
+
+
+async def four_channels_of_two(brokers: list[Broker]) -> None:
+    """Four channels limited to two, 15 messages each, through ``brokers`` (closed
+    afterwards but the first): every message handled once, never more than two of a
+    channel at a time."""
+    broker = brokers[0]
     running: Counter[str] = Counter()
     most: Counter[str] = Counter()
     done: list[int] = []

@@ -10,12 +10,14 @@ only that publish fails).
 
 **Acquire.** Candidates are read first without locks: channels with a message due in the
 subscriber's queues, not at their concurrency limit, not waiting for their rate, least
-recently served first. Then, in one transaction: their rows are locked (``SKIP LOCKED``: a
-channel another process is serving is left to it; SQLite's writers take turns anyway), the
-running deliveries counted again under the lock (exact: only a locked acquire adds to it),
-each channel's allowance taken (an even share of the batch, within its limits; an ordered
-channel's head only), the rows taken as the plain acquire takes them, and the channels
-marked served (and their next start moved, under a rate).
+recently served first. Then their rows are locked (``SKIP LOCKED``: a channel another
+process is serving is left to it; SQLite's writers take turns anyway), the running
+deliveries counted again under the lock (exact: only a locked acquire adds to it), each
+channel's allowance taken (an even share of the batch, within its limits; an ordered
+channel's head only), the rows taken as the plain acquire takes them (with ``RETURNING``
+where UPDATE has it), and the channels marked served (and their next start moved, under a
+rate). Under READ COMMITTED and on SQLite the read and the serve are one transaction; a
+caller's engine at REPEATABLE READ gets two, so that the recount sees past the read.
 """
 
 from __future__ import annotations
@@ -151,6 +153,8 @@ class ChannelStatements(FairAcquire):
     schema: Schema
     LOCK_FOR_REQUEUE: bool
     _channels_first: bool = True
+    #: See :meth:`_reads_fresh_under_locks` (None: not read yet).
+    _fresh_reads: bool | None = None
     #: Per list of queues: when (monotonic) its soonest rate-limited channel may start
     #: again, as the last acquire that found no channel to start saw it.
     _rate_waits: dict[tuple[str, ...], float | None]
@@ -208,14 +212,37 @@ class ChannelStatements(FairAcquire):
                 return rows, None
             return rows, time.monotonic() + (soonest.at - soonest.now).total_seconds()
 
+        others = self._fair_spread.get(tuple(queues), 0)
+        if await self._reads_fresh_under_locks():
+            async def both(conn: AsyncConnection) -> tuple[list[Delivery], float | None]:
+                candidates, wait = await read(conn)
+                if not candidates:
+                    return [], wait
+                return await self._serve(conn, queues, limit, lease, candidates, others), None
+
+            out, self._rate_waits[tuple(queues)] = await self._transaction(both)
+            return out
         # Apart from the serve: inside it, under REPEATABLE READ (a caller's own engine),
         # the recount would read the snapshot this read took before the locks.
         candidates, self._rate_waits[tuple(queues)] = await self._transaction(read)
         if not candidates:
             return []
-        others = self._fair_spread.get(tuple(queues), 0)
         return await self._transaction(
             lambda conn: self._serve(conn, queues, limit, lease, candidates, others))
+
+    async def _reads_fresh_under_locks(self) -> bool:
+        """Whether a statement after the channel locks sees what other transactions
+        committed before them, so the candidates may be read in the serve's transaction:
+        READ COMMITTED (every statement its own snapshot), and SQLite (one writer at a
+        time, from its BEGIN IMMEDIATE on). The connections' level is read once."""
+        if self._fresh_reads is None:
+            if self.db.dialect.name == "sqlite":
+                self._fresh_reads = True
+            else:
+                async with self.db.connect() as conn:
+                    level = await conn.get_isolation_level()
+                self._fresh_reads = level == "READ COMMITTED"
+        return self._fresh_reads
 
     async def _serve(self, conn: AsyncConnection, queues: Sequence[str], limit: int,
                      lease: float, candidates: Sequence[Any],
@@ -288,8 +315,12 @@ class ChannelStatements(FairAcquire):
                     lease: float, holding: set[str]) -> list[Delivery]:
         """Acquire ``picked``; the deliveries of the ``holding`` channels hold a slot."""
         sql, ids = self._channel_sql, sorted(picked)
-        await conn.execute(sql.take, {"ids": ids, "lease": float(lease)})
-        rows = (await conn.execute(sql.taken, {"ids": ids})).all()
+        params = {"ids": ids, "lease": float(lease)}
+        if sql.take_returning is not None:
+            rows = (await conn.execute(sql.take_returning, params)).all()
+        else:
+            await conn.execute(sql.take, params)
+            rows = (await conn.execute(sql.taken, {"ids": ids})).all()
 
         def decode(r: Any) -> Delivery:
             return Delivery(r.id, r.queue, headers_of(r.headers), blob(r.payload),
@@ -480,14 +511,18 @@ class ChannelSql:
             acquired_at=_NOW, first_attempt_at=func.coalesce(m.c.first_attempt_at, _NOW),
             channel_due_at=None,
             lease_expires_at=db_now_plus(bindparam("lease", type_=Float())))
-        self.taken = select(
+        delivered = (
             m.c.id, m.c.queue, type_coerce(m.c.headers, Text()).label("headers"), m.c.payload,
             m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
             m.c.acquired_at, m.c.lease_expires_at, type_coerce(m.c.history, Text()).label(
                 "history"), m.c.priority, m.c.expires_at, m.c.saved_state, m.c.defers_count,
-            m.c.cancel_requested,
-        ).where(listed(dialect, m.c.id, "ids", "id"), m.c.state == State.PROCESSING.value,
-                m.c.channel_due_at.is_(None))
+            m.c.cancel_requested)
+        self.taken = select(*delivered).where(
+            listed(dialect, m.c.id, "ids", "id"), m.c.state == State.PROCESSING.value,
+            m.c.channel_due_at.is_(None))
+        #: The take and its read in one round trip where UPDATE has RETURNING (not MariaDB).
+        self.take_returning = (self.take.returning(*delivered) if dialect.update_returning
+                               else None)
         self.served = served_in_order(dialect, c, "names")
         self.next_start = update(c).where(c.c.name == bindparam("channel")).values(
             next_start_at=bindparam("at", type_=c.c.next_start_at.type))
