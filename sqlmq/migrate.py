@@ -256,6 +256,15 @@ def _v14(conn: Connection, schema: Schema) -> None:
     _write_keys(conn, schema, keys, last)
 
 
+def _v15(conn: Connection, schema: Schema) -> None:
+    """The limited channels' pick index on MySQL and MariaDB too (version 14 made it on
+    PostgreSQL and SQLite only): their pick read every due message of the channels it
+    served, at every acquire."""
+    index = channel_due_index_of(schema)
+    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(schema.message.name)}:
+        index.create(conn)
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE … ADD COLUMN`` for a column of sqlmq's tables (SQLAlchemy Core has
     none; the column is rendered by the dialect, as in CREATE TABLE)."""
@@ -272,7 +281,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
-    11: _v11, 12: _v12, 13: _v13, 14: _v14}
+    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

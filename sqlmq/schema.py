@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -204,17 +204,16 @@ def channel_key_index(message: Table) -> Index:
 
 
 def channel_due_index(message: Table) -> Index:
-    """``(channel, priority DESC, channel_due_at, id)`` of waiting channel messages (schema
-    version 14, PostgreSQL and SQLite): a limited channel's next messages in acquire order,
-    read up to its allowance instead of every due message of the channel. MariaDB keeps
-    its window over the channel index (its index could not be partial and has no LATERAL
-    to read it per channel)."""
+    """``(channel, priority DESC, channel_due_at, id)`` of waiting channel messages: a
+    limited channel's next messages in acquire order, read up to its allowance instead of
+    every due message of the channel (schema version 14 on PostgreSQL and SQLite, partial;
+    15 on MySQL and MariaDB, whole, where a running message's NULL due time sorts first).
+    MariaDB before 10.8 keeps the index ascending: still right, one sort per channel."""
     c = message.c
     return Index(f"ix_{message.name}_channel_due", c.channel, c.priority.desc(),
                  c.channel_due_at, c.id,
                  postgresql_where=text("channel_due_at IS NOT NULL"),
-                 sqlite_where=text("channel_due_at IS NOT NULL"),
-                 ).ddl_if(dialect=("postgresql", "sqlite"))
+                 sqlite_where=text("channel_due_at IS NOT NULL"))
 
 
 def ready_index(message: Table) -> Index:
@@ -267,7 +266,8 @@ def channel_key_index_of(schema: Schema) -> Index:
 
 
 def channel_due_index_of(schema: Schema) -> Index:
-    """The limited channels' pick index of ``schema``'s message table (schema version 14)."""
+    """The limited channels' pick index of ``schema``'s message table (schema versions 14
+    and 15)."""
     return _index_of(schema, f"ix_{schema.message.name}_channel_due")
 
 

@@ -167,7 +167,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 14
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -274,7 +274,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 14
+        assert await broker.migrate() == SCHEMA_VERSION == 15
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -311,7 +311,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 14
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -357,7 +357,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 14
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -394,7 +394,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 14
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], 2, 30)
         assert [d.id for d in got] == [a[0], b1]
@@ -440,10 +440,10 @@ async def test_version_14_brings_ordered_channels_into_the_fair_order(
                                .values(fair_key=None))
             await conn.execute(text(_drop_index(db_url, f"ix_{m.name}_channel_key", m.name)))
             await conn.execute(broker.schema.version.delete()
-                               .where(broker.schema.version.c.version == 14))
+                               .where(broker.schema.version.c.version >= 14))
         with pytest.raises(SchemaError, match="version 13"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 14
+        assert await broker.migrate() == SCHEMA_VERSION == 15
         await broker.check_schema()
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([by_default[0], free[0], free[1]])
@@ -454,6 +454,41 @@ async def test_version_14_brings_ordered_channels_into_the_fair_order(
         assert sorted(d.id for d in got) == sorted([own[1], by_default[1]])
         await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.COMPLETE) for d in got])
         assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [own[2]]
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_15_gives_every_database_the_limited_channels_pick_index(
+        db_url: str, prefix: str) -> None:
+    """Version 14 made the index ``(channel, priority DESC, channel_due_at, id)`` on
+    PostgreSQL and SQLite only: a version-14 schema without it (as MySQL and MariaDB had)
+    gets it, and the limited pick that reads it still takes each channel's messages by
+    priority, then due time."""
+    from sqlalchemy import inspect, text
+
+    broker = Broker(db_url, table_prefix=prefix)
+    m = broker.schema.message
+    name = f"ix_{m.name}_channel_due"
+    try:
+        await broker.migrate()
+        await broker.set_channel_default("q", max_concurrency=2)
+        low = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
+        (high,) = await broker.publish_batch("q", [b"h"], channel="a", priority=5)
+        (other,) = await broker.publish_batch("q", [b"o"], channel="b")
+        async with broker.db.begin() as conn:
+            await conn.execute(text(_drop_index(db_url, name, m.name)))
+            await conn.execute(broker.schema.version.delete()
+                               .where(broker.schema.version.c.version == 15))
+        with pytest.raises(SchemaError, match="version 14"):
+            await broker.check_schema()
+        assert await broker.migrate() == SCHEMA_VERSION == 15
+        async with broker.db.connect() as conn:
+            names = await conn.run_sync(
+                lambda c: {ix["name"] for ix in inspect(c).get_indexes(m.name)})
+        assert name in names
+        got = await broker.engine.acquire(["q"], 10, 30)
+        assert sorted(d.id for d in got) == sorted([high, low[0], other])
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

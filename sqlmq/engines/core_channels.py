@@ -42,6 +42,7 @@ from sqlalchemy import (
     select,
     true,
     type_coerce,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import mysql as mysql_dialect
@@ -300,9 +301,9 @@ class ChannelStatements(FairAcquire):
         position = {name: i for i, name in enumerate(plan)}
         unordered = {name: n for name, (n, settings, _) in plan.items() if not settings.ordered}
         if unordered:
-            found = (await conn.execute(self._channel_sql.due_per_channel, {
-                "names": sorted(unordered), "queues": list(queues),
-                "most": max(unordered.values())})).all()
+            statement, params = self._channel_sql.due_of(sorted(unordered))
+            found = (await conn.execute(statement, {
+                **params, "queues": list(queues), "most": max(unordered.values())})).all()
             # the first of every channel, then the second of every channel, ...
             found.sort(key=lambda r: (r.rn, position[r.channel]))
             for r in found:
@@ -502,6 +503,10 @@ class ChannelSql:
         self.due_per_channel = (_due_per_channel_in_order(schema, dialect)
                                 if dialect.name in ("postgresql", "sqlite")
                                 else _due_per_channel(schema))
+        self._schema = schema
+        #: MySQL and MariaDB: :func:`_due_per_channel_unions` by number of channels.
+        self._unions: dict[int, Any] | None = (
+            {} if dialect.name in ("mysql", "mariadb") else None)
         self.take = update(m).where(
             listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
             m.c.channel_due_at.is_not(None),
@@ -525,6 +530,46 @@ class ChannelSql:
         self.served = served_in_order(dialect, c, "names")
         self.next_start = update(c).where(c.c.name == bindparam("channel")).values(
             next_start_at=bindparam("at", type_=c.c.next_start_at.type))
+
+
+    def due_of(self, names: list[str]) -> tuple[Any, dict[str, Any]]:
+        """The statement reading the due messages of the channels ``names`` for the pick,
+        and its parameters besides ``queues`` and ``most``."""
+        unions = self._unions
+        if unions is None or len(names) > MOST_UNIONS:
+            return self.due_per_channel, {"names": names}
+        statement = unions.get(len(names))
+        if statement is None:
+            statement = unions[len(names)] = _due_per_channel_unions(self._schema, len(names))
+        return statement, {f"n{i}": name for i, name in enumerate(names)}
+
+
+#: The most channels MySQL's and MariaDB's pick reads as a UNION ALL of one LIMIT each (a
+#: statement built and kept per number of channels); beyond, the window over all their
+#: due messages.
+MOST_UNIONS = 64
+
+
+def _due_per_channel_unions(schema: Schema, channels: int) -> Any:
+    """:func:`_due_per_channel` on MySQL and MariaDB, which have no LATERAL (MariaDB) and
+    no LIMIT in an IN subquery: a UNION ALL of each channel's due messages in acquire
+    order, cut at ``most``, read from the index ``(channel, priority DESC,
+    channel_due_at, id)`` (schema version 15), then numbered. The window read every due
+    message of the channels: 3 ms an acquire on average through a drain of 8 channels of
+    1,000, growing with the backlog."""
+    m = schema.message
+    parts = [select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.priority)
+             .where(m.c.channel == bindparam(f"n{i}", type_=m.c.channel.type),
+                    m.c.state.in_(_WAITING),
+                    m.c.queue.in_(bindparam("queues", expanding=True)),
+                    not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW)
+             .order_by(m.c.priority.desc(), m.c.channel_due_at, m.c.id)
+             .limit(bindparam("most", type_=Integer()))
+             for i in range(channels)]
+    rows = (parts[0] if channels == 1 else union_all(*parts)).subquery()
+    return select(rows.c.id, rows.c.channel, rows.c.channel_due_at, func.row_number().over(
+        partition_by=rows.c.channel,
+        order_by=(rows.c.priority.desc(), rows.c.channel_due_at, rows.c.id)).label("rn"))
 
 
 def _due_per_channel(schema: Schema) -> Any:
