@@ -95,7 +95,7 @@ def _v4(conn: Connection, schema: Schema) -> None:
     have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
     for index in schema.message.indexes:  # the ready indexes, not those of later versions
         if index.name.startswith(f"ix_{m}_ready") and index.name not in have:
-            index.create(conn)  # a no-op where its ddl_if excludes this database
+            index.create(conn)
     have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
     obsolete = {f"ix_{m}_due"}
     if f"ix_{m}_ready_asc" in have:
@@ -235,8 +235,9 @@ def _limited_in_v13(settings: ChannelSettings) -> bool:
 
 def _v14(conn: Connection, schema: Schema) -> None:
     """Ordered channels without other limits join the fair order (see
-    :mod:`sqlmq.channels`): the index ``(channel, fair_key, id)`` (and, on PostgreSQL and
-    SQLite, the limited channels' pick index), and their messages, which
+    :mod:`sqlmq.channels`): the index ``(channel, fair_key, id)`` (and the limited
+    channels' pick index, which version 14 made on PostgreSQL and SQLite; on MySQL and
+    MariaDB whichever of 14 and 15 runs first makes it), and their messages, which
     had no key (the limited acquire took them), get turns after their channel's last, its
     running ones first, then in id order, without their priority, as
     :func:`.engines.core_fair.rekey` gives them."""

@@ -531,7 +531,6 @@ class ChannelSql:
         self.next_start = update(c).where(c.c.name == bindparam("channel")).values(
             next_start_at=bindparam("at", type_=c.c.next_start_at.type))
 
-
     def due_of(self, names: list[str]) -> tuple[Any, dict[str, Any]]:
         """The statement reading the due messages of the channels ``names`` for the pick,
         and its parameters besides ``queues`` and ``most``."""
