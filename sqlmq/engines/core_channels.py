@@ -294,7 +294,8 @@ class ChannelStatements(FairAcquire):
         ordered = [name for name, (_, s, _) in plan.items() if s.ordered]
         picks: dict[int, tuple[str, datetime]] = {}
         if ordered:
-            for row in await conn.execute(self._channel_sql.heads, {"ordered": ordered}):
+            statement, params = self._channel_sql.heads_of(ordered)
+            for row in await conn.execute(statement, params):
                 if (row.state in _WAITING and row.queue in queues
                         and row.channel_due_at is not None and row.channel_due_at <= now):
                     picks[row.id] = (row.channel, row.channel_due_at)
@@ -495,11 +496,7 @@ class ChannelSql:
         self.running = select(m.c.channel, func.count()).where(
             listed(dialect, m.c.channel, "names"),
             m.c.state == State.PROCESSING.value).group_by(m.c.channel)
-        heads = select(func.min(m.c.id)).where(listed(dialect, m.c.channel, "ordered")
-                                               ).group_by(m.c.channel).scalar_subquery()
-        self.heads = select(m.c.id, m.c.channel, m.c.state, m.c.queue,
-                            m.c.channel_due_at).where(m.c.id.in_(heads),
-                                                      not_paused(schema, m.c.queue))
+        self.heads = _heads(schema, dialect)
         self.due_per_channel = (_due_per_channel_in_order(schema, dialect)
                                 if dialect.name in ("postgresql", "sqlite")
                                 else _due_per_channel(schema))
@@ -507,6 +504,7 @@ class ChannelSql:
         #: MySQL and MariaDB: :func:`_due_per_channel_unions` by number of channels.
         self._unions: dict[int, Any] | None = (
             {} if dialect.name in ("mysql", "mariadb") else None)
+        self._head_unions: dict[int, Any] = {}  # MySQL and MariaDB: _heads_unions by count
         self.take = update(m).where(
             listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
             m.c.channel_due_at.is_not(None),
@@ -530,6 +528,16 @@ class ChannelSql:
         self.served = served_in_order(dialect, c, "names")
         self.next_start = update(c).where(c.c.name == bindparam("channel")).values(
             next_start_at=bindparam("at", type_=c.c.next_start_at.type))
+
+    def heads_of(self, names: list[str]) -> tuple[Any, dict[str, Any]]:
+        """The statement reading the heads of the ordered channels ``names``, and its
+        parameters."""
+        if self._unions is None:
+            return self.heads, {"ordered": names}
+        statement = self._head_unions.get(len(names))
+        if statement is None:
+            statement = self._head_unions[len(names)] = _heads_unions(self._schema, len(names))
+        return statement, {f"o{i}": name for i, name in enumerate(names)}
 
     def due_of(self, names: list[str]) -> tuple[Any, dict[str, Any]]:
         """The statement reading the due messages of the channels ``names`` for the pick,
@@ -569,6 +577,56 @@ def _due_per_channel_unions(schema: Schema, channels: int) -> Any:
     return select(rows.c.id, rows.c.channel, rows.c.channel_due_at, func.row_number().over(
         partition_by=rows.c.channel,
         order_by=(rows.c.priority.desc(), rows.c.channel_due_at, rows.c.id)).label("rn"))
+
+
+def _first_of(m: Any, channel: Any, by_key: bool = True) -> Any:
+    """A limited channel's first message in id order: ``(channel, fair_key, id)`` read at
+    ``fair_key IS NULL``, where a limited channel's messages all are (a publish gives them
+    no key, and making a channel limited takes its messages' keys away, both under the
+    channel's row lock); the first index entry, whatever the backlog. ``by_key``: ordered
+    by the index's columns, not by id alone: PostgreSQL otherwise walked the primary key
+    from the lowest id, filtering, through every message of the channels before (38 ms);
+    MariaDB, the other way round, sorts unless the order is by id."""
+    return (select(m.c.id, m.c.channel, m.c.state, m.c.queue, m.c.channel_due_at)
+            .where(m.c.channel == channel, m.c.fair_key.is_(None))
+            .order_by(*((m.c.fair_key, m.c.id) if by_key else (m.c.id,))).limit(1))
+
+
+def _heads(schema: Schema, dialect: Dialect) -> Any:
+    """The first message (any state) of each ordered channel with limits listed as
+    ``ordered``, unless its queue is paused: a LATERAL per name on PostgreSQL, a
+    correlated subquery per name on SQLite. ``min(id) … GROUP BY channel`` read every
+    message of the channels: 20 ms an acquire for 8 channels of 10,000 on PostgreSQL."""
+    names = list_rows(dialect, "ordered")
+    if dialect.name == "postgresql":
+        head: Any = _first_of(schema.message.alias("f"), names.c.v).lateral("h")
+        source = names.join(head, true())
+    elif dialect.name == "sqlite":
+        head, f = schema.message, schema.message.alias("f")
+        source = names.join(head, head.c.id.in_(
+            _first_of(f, names.c.v).with_only_columns(f.c.id).correlate(names)))
+    else:
+        head = schema.message
+        first = (select(func.min(head.c.id))
+                 .where(listed(dialect, head.c.channel, "ordered"))
+                 .group_by(head.c.channel).scalar_subquery())
+        return select(head.c.id, head.c.channel, head.c.state, head.c.queue,
+                      head.c.channel_due_at).where(head.c.id.in_(first),
+                                                   not_paused(schema, head.c.queue))
+    return select(head.c.id, head.c.channel, head.c.state, head.c.queue,
+                  head.c.channel_due_at).select_from(source).where(
+        not_paused(schema, head.c.queue))
+
+
+def _heads_unions(schema: Schema, channels: int) -> Any:
+    """:func:`_heads` on MySQL and MariaDB: a UNION ALL of one ``LIMIT 1`` per channel,
+    kept off the primary key, which MariaDB took for some channels' ``ORDER BY id
+    LIMIT 1`` and walked through 40,000 rows of the channels before."""
+    m = schema.message
+    parts = [_first_of(m, bindparam(f"o{i}", type_=m.c.channel.type), by_key=False)
+             .with_hint(m, "IGNORE INDEX FOR ORDER BY (PRIMARY)") for i in range(channels)]
+    rows = (parts[0] if channels == 1 else union_all(*parts)).subquery()
+    return select(rows).where(not_paused(schema, rows.c.queue))
 
 
 def _due_per_channel(schema: Schema) -> Any:
