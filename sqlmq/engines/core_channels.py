@@ -532,7 +532,7 @@ class ChannelSql:
     def heads_of(self, names: list[str]) -> tuple[Any, dict[str, Any]]:
         """The statement reading the heads of the ordered channels ``names``, and its
         parameters."""
-        if self._unions is None:
+        if self._unions is None or len(names) > MOST_UNIONS:
             return self.heads, {"ordered": names}
         statement = self._head_unions.get(len(names))
         if statement is None:
@@ -553,7 +553,7 @@ class ChannelSql:
 
 #: The most channels MySQL's and MariaDB's pick reads as a UNION ALL of one LIMIT each (a
 #: statement built and kept per number of channels); beyond, the window over all their
-#: due messages.
+#: due messages (and ``min(id)`` over all their messages for the heads).
 MOST_UNIONS = 64
 
 
