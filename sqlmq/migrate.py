@@ -95,7 +95,7 @@ def _v4(conn: Connection, schema: Schema) -> None:
     have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
     for index in schema.message.indexes:  # the ready indexes, not those of later versions
         if index.name.startswith(f"ix_{m}_ready") and index.name not in have:
-            index.create(conn)
+            index.create(conn)  # a no-op where its ddl_if excludes this database
     have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
     obsolete = {f"ix_{m}_due"}
     if f"ix_{m}_ready_asc" in have:
@@ -121,9 +121,7 @@ def _v6(conn: Connection, schema: Schema) -> None:
     m = schema.message
     if "dedup_key" not in {c["name"] for c in inspect(conn).get_columns(m.name)}:
         conn.execute(AddColumn(m.c.dedup_key))
-    index = dedup_index_of(schema)
-    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
-        index.create(conn)
+    _create_missing(conn, schema, dedup_index_of(schema))
 
 
 def _v7(conn: Connection, schema: Schema) -> None:
@@ -155,9 +153,7 @@ def _v10(conn: Connection, schema: Schema) -> None:
     for name in ("channel", "channel_due_at"):
         if name not in have:
             conn.execute(AddColumn(m.c[name]))
-    index = channel_index_of(schema)
-    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
-        index.create(conn)
+    _create_missing(conn, schema, channel_index_of(schema))
     schema.metadata.create_all(conn, tables=[schema.channel, schema.channel_default],
                                checkfirst=True)
 
@@ -188,9 +184,7 @@ def _v13(conn: Connection, schema: Schema) -> None:
         conn.execute(AddColumn(m.c.fair_key))
     if "last_turn" not in {col["name"] for col in inspect(conn).get_columns(c.name)}:
         conn.execute(AddColumn(c.c.last_turn))
-    index = fair_index_of(schema)
-    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(m.name)}:
-        index.create(conn)
+    _create_missing(conn, schema, fair_index_of(schema))
     schema.metadata.create_all(conn, tables=[schema.channel_clock], checkfirst=True)
     free = {r.name for r, settings in _channel_settings(conn, schema)
             if not _limited_in_v13(settings)}
@@ -242,10 +236,7 @@ def _v14(conn: Connection, schema: Schema) -> None:
     running ones first, then in id order, without their priority, as
     :func:`.engines.core_fair.rekey` gives them."""
     m = schema.message
-    present = {ix["name"] for ix in inspect(conn).get_indexes(m.name)}
-    for index in (channel_key_index_of(schema), channel_due_index_of(schema)):
-        if index.name not in present:
-            index.create(conn)  # a no-op where its ddl_if excludes this database
+    _create_missing(conn, schema, channel_key_index_of(schema), channel_due_index_of(schema))
     last = {r.name: r.last_turn for r, settings in _channel_settings(conn, schema)
             if settings.ordered and not settings.limited}
     keys = []
@@ -261,9 +252,16 @@ def _v15(conn: Connection, schema: Schema) -> None:
     """The limited channels' pick index on MySQL and MariaDB too (version 14 made it on
     PostgreSQL and SQLite only): their pick read every due message of the channels it
     served, at every acquire."""
-    index = channel_due_index_of(schema)
-    if index.name not in {ix["name"] for ix in inspect(conn).get_indexes(schema.message.name)}:
-        index.create(conn)
+    _create_missing(conn, schema, channel_due_index_of(schema))
+
+
+def _create_missing(conn: Connection, schema: Schema, *indexes: Index) -> None:
+    """Create those of the message table's ``indexes`` it does not have yet (a migration
+    looks before it acts, as version 3)."""
+    present = {ix["name"] for ix in inspect(conn).get_indexes(schema.message.name)}
+    for index in indexes:
+        if index.name not in present:
+            index.create(conn)
 
 
 class AddColumn(ExecutableDDLElement):
