@@ -501,10 +501,11 @@ class ChannelSql:
                                 if dialect.name in ("postgresql", "sqlite")
                                 else _due_per_channel(schema))
         self._schema = schema
-        #: MySQL and MariaDB: :func:`_due_per_channel_unions` by number of channels.
-        self._unions: dict[int, Any] | None = (
-            {} if dialect.name in ("mysql", "mariadb") else None)
-        self._head_unions: dict[int, Any] = {}  # MySQL and MariaDB: _heads_unions by count
+        #: MySQL and MariaDB read per channel by UNION ALL, a statement per number of
+        #: channels, built once: :func:`_heads_unions`, :func:`_due_per_channel_unions`.
+        self._by_unions = dialect.name in ("mysql", "mariadb")
+        self._head_unions: dict[int, Any] = {}
+        self._due_unions: dict[int, Any] = {}
         self.take = update(m).where(
             listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
             m.c.channel_due_at.is_not(None),
@@ -532,23 +533,26 @@ class ChannelSql:
     def heads_of(self, names: list[str]) -> tuple[Any, dict[str, Any]]:
         """The statement reading the heads of the ordered channels ``names``, and its
         parameters."""
-        if self._unions is None or len(names) > MOST_UNIONS:
-            return self.heads, {"ordered": names}
-        statement = self._head_unions.get(len(names))
-        if statement is None:
-            statement = self._head_unions[len(names)] = _heads_unions(self._schema, len(names))
-        return statement, {f"o{i}": name for i, name in enumerate(names)}
+        return (self._unions_for(self._head_unions, _heads_unions, names, "o")
+                or (self.heads, {"ordered": names}))
 
     def due_of(self, names: list[str]) -> tuple[Any, dict[str, Any]]:
         """The statement reading the due messages of the channels ``names`` for the pick,
         and its parameters besides ``queues`` and ``most``."""
-        unions = self._unions
-        if unions is None or len(names) > MOST_UNIONS:
-            return self.due_per_channel, {"names": names}
-        statement = unions.get(len(names))
+        return (self._unions_for(self._due_unions, _due_per_channel_unions, names, "n")
+                or (self.due_per_channel, {"names": names}))
+
+    def _unions_for(self, built: dict[int, Any], build: Callable[[Schema, int], Any],
+                    names: list[str], key: str) -> tuple[Any, dict[str, Any]] | None:
+        """The UNION ALL statement for ``names`` (one name parameter each, ``key`` and its
+        place), kept in ``built`` by count; None where the dialect does not read so or the
+        names are too many."""
+        if not self._by_unions or len(names) > MOST_UNIONS:
+            return None
+        statement = built.get(len(names))
         if statement is None:
-            statement = unions[len(names)] = _due_per_channel_unions(self._schema, len(names))
-        return statement, {f"n{i}": name for i, name in enumerate(names)}
+            statement = built[len(names)] = build(self._schema, len(names))
+        return statement, {f"{key}{i}": name for i, name in enumerate(names)}
 
 
 #: The most channels MySQL's and MariaDB's pick reads as a UNION ALL of one LIMIT each (a
@@ -573,7 +577,7 @@ def _due_per_channel_unions(schema: Schema, channels: int) -> Any:
              .order_by(m.c.priority.desc(), m.c.channel_due_at, m.c.id)
              .limit(bindparam("most", type_=Integer()))
              for i in range(channels)]
-    rows = (parts[0] if channels == 1 else union_all(*parts)).subquery()
+    rows = _union_of(parts)
     return select(rows.c.id, rows.c.channel, rows.c.channel_due_at, func.row_number().over(
         partition_by=rows.c.channel,
         order_by=(rows.c.priority.desc(), rows.c.channel_due_at, rows.c.id)).label("rn"))
@@ -625,8 +629,13 @@ def _heads_unions(schema: Schema, channels: int) -> Any:
     m = schema.message
     parts = [_first_of(m, bindparam(f"o{i}", type_=m.c.channel.type), by_key=False)
              .with_hint(m, "IGNORE INDEX FOR ORDER BY (PRIMARY)") for i in range(channels)]
-    rows = (parts[0] if channels == 1 else union_all(*parts)).subquery()
+    rows = _union_of(parts)
     return select(rows).where(not_paused(schema, rows.c.queue))
+
+
+def _union_of(parts: list[Any]) -> Any:
+    """``parts`` as one subquery: their UNION ALL, or the one part alone."""
+    return (parts[0] if len(parts) == 1 else union_all(*parts)).subquery()
 
 
 def _due_per_channel(schema: Schema) -> Any:
