@@ -48,6 +48,7 @@ and the in-memory engine).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -195,6 +196,27 @@ def allowance(settings: ChannelSettings, running: int, even_share: int) -> int:
     return max(n, 0)
 
 
+def freed_slots(applied: Iterable[int], slots: Mapping[int, str]) -> dict[str, int]:
+    """Per channel, how many of the landed results ``applied`` were of deliveries that held
+    one of its slots (``slots``: a result's id to that channel)."""
+    freed: dict[str, int] = {}
+    for msg_id in applied:
+        if (channel := slots.get(msg_id)) is not None:
+            freed[channel] = freed.get(channel, 0) + 1
+    return freed
+
+
+def passed_on(settings: ChannelSettings, freed: int, running: int) -> int:
+    """How many of ``freed`` slots of a channel under ``settings``, with ``running``
+    deliveries PROCESSING once they are freed, may go straight to its next messages in the
+    settle that frees them: within a concurrency limit, and only where that is the
+    channel's one limit (a rate spaces the starts and an ordered channel waits for its
+    head, both decided by the acquire under the channel's lock)."""
+    if settings.max_concurrency is None or settings.rate is not None or settings.ordered:
+        return 0
+    return max(0, min(freed, settings.max_concurrency - running))
+
+
 def next_start(settings: ChannelSettings, planned: datetime | None,
                now: datetime) -> datetime | None:
     """The channel's ``next_start_at`` after a start at ``now``: one interval on from the
@@ -211,4 +233,4 @@ def next_start(settings: ChannelSettings, planned: datetime | None,
 
 __all__ = ["NO_LIMITS", "ORDERED_PRIORITY", "TURN_BITS", "ChannelInfo", "ChannelSettings",
            "Turns", "allowance", "check_channel", "check_size", "fair_key", "first_turn",
-           "next_start", "share", "turn_of"]
+           "freed_slots", "next_start", "passed_on", "share", "turn_of"]

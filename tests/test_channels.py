@@ -64,6 +64,33 @@ async def four_channels_of_two(brokers: list[Broker]) -> None:
     assert max(most.values()) == 2 and set(most) == set(channels)
 
 
+async def test_a_freed_slot_goes_straight_to_the_channels_next_message(
+        broker: Broker) -> None:
+    """With workers to spare, each result's settle starts the channel's next message in the
+    slot it frees (``settle_passing``): the slot is never free in between, so no acquire
+    can take it, and every message after the first is started that way."""
+    starts: list[int] = []
+    running = most = 0
+
+    @broker.subscriber("jobs", workers=4, **QUICK)
+    async def handle(msg: Message) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        starts.append(msg.id)
+        await asyncio.sleep(0.005)
+        running -= 1
+
+    await broker.set_channel("one", max_concurrency=1)
+    sent = await broker.publish_batch("jobs", range(6), channel="one")
+    await broker.start()
+    await wait_for_count(lambda: len(starts), len(sent), message="handled")
+    (runtime,) = broker.runtimes
+    await broker.stop()
+    assert starts == sent and most == 1
+    assert runtime.counters.passed == len(sent) - 1
+
+
 async def test_a_short_backlog_is_not_starved_by_a_long_one(broker: Broker) -> None:
     order: list[str] = []
 

@@ -44,6 +44,7 @@ from .core_insights import ArchiveInsights
 from .core_operations import OperationStatements
 from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sync
 from .core_schedules import ScheduleRegistry
+from .core_slots import SlotPassing
 from .core_topics import TopicGroups
 from .settle_onward import OnwardSettle
 from .sql import names_for
@@ -184,8 +185,9 @@ async def discard(conn: AsyncConnection) -> None:
         await conn.close()
 
 
-class SqlEngine(ChannelStatements, ChannelAdmin, OnwardSettle, ControlStatements, TopicGroups,
-                ScheduleRegistry, ArchiveInsights, OperationStatements, KeptConnections):
+class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, ControlStatements,
+                TopicGroups, ScheduleRegistry, ArchiveInsights, OperationStatements,
+                KeptConnections):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 

@@ -17,7 +17,7 @@ anything missing was stale (its lease expired and another delivery owns it now).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -165,6 +165,17 @@ class Engine(OperationsContract, Protocol):
         (a defer of a message whose cancellation was asked for archives it CANCELLED); and
         publish the ``outputs`` of the settlements that land (a pipeline step's), in that
         transaction (see :mod:`sqlmq.engines.settle_onward`)."""
+        ...
+
+    async def settle_passing(self, settlements: Sequence[Settlement],
+                             slots: Mapping[int, str], queues: Sequence[str], lease: float,
+                             most: int) -> tuple[set[int], list[Delivery]]:
+        """``settle``, and in the same transaction pass on the channel slots its results
+        free: ``slots`` maps a result's id to the channel its delivery held a slot of; each
+        such channel with only a concurrency limit (no rate, not ordered) starts as many
+        of its due messages in ``queues`` as results of it landed, within its limit, up to
+        ``most`` in all, leased for ``lease`` seconds as ``acquire`` leases them. Returns
+        the ids that landed and the deliveries started (each holding a slot)."""
         ...
 
     # ---- channels (see sqlmq.channels) ------------------------------------------------

@@ -19,7 +19,7 @@ import heapq
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from ..channels import ChannelInfo, ChannelSettings, Turns
+from ..channels import ChannelInfo, ChannelSettings, Turns, freed_slots
 from ..commit_hooks import on_commit
 from ..dead_letters import DeadLetterNotice
 from ..errors import PublishError
@@ -615,13 +615,21 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
         """Settle, and publish the outputs of the settlements that land (a pipeline step's:
         see :mod:`sqlmq.engines.settle_onward`), all at once."""
+        return (await self.settle_passing(settlements, {}, (), 0, 0))[0]
+
+    async def settle_passing(self, settlements: Sequence[Settlement],
+                             slots: Mapping[int, str], queues: Sequence[str], lease: float,
+                             most: int) -> tuple[set[int], list[Delivery]]:
         with self._lock:
-            now = self._now()
-            applied = self._store.settle(settlements, now)
+            now, store = self._now(), self._store
+            applied = store.settle(settlements, now)
             for batch in outputs_of(settlements, applied):
-                self._store.add(self._store.new_rows(batch, now)[0])
+                store.add(store.new_rows(batch, now)[0])
             self._writes += bool(applied)
-            return applied
+            freed = freed_slots(applied, slots)
+            return applied, store.channels.pass_slots(
+                store.rows.values(), freed, [q for q in queues if q not in store.paused],
+                most, now, lambda r, scheduled: _take(r, scheduled, lease, now)) if freed else []
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
         with self._lock:

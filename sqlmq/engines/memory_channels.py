@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +17,7 @@ from ..channels import (
     check_size,
     first_turn,
     next_start,
+    passed_on,
     share,
     turn_of,
 )
@@ -201,6 +202,35 @@ class MemoryChannels:
             ch.next_start_at = next_start(settings, ch.next_start_at, now)
             if len(out) >= limit:
                 break
+        return out
+
+    def pass_slots(self, rows: Iterable[Any], freed: Mapping[str, int], queues: Sequence[str],
+                   most: int, now: datetime,
+                   take: Callable[[Any, datetime | None], Delivery]) -> list[Delivery]:
+        """As :meth:`.core_channels.ChannelStatements._pass_slots`: up to ``freed[name]``
+        due messages of each channel with only a concurrency limit, within it, ``most`` in
+        all (a settle's freed slots passed on, the channel's running count unchanged)."""
+        wanted = set(queues)
+        of: dict[str, list[Any]] = {}
+        for r in rows:
+            if r.channel in freed:
+                of.setdefault(r.channel, []).append(r)
+        out: list[Delivery] = []
+        for name in sorted(freed):
+            ch = self.channels.get(name)
+            if ch is None:
+                continue
+            mine = of.get(name, [])
+            running = sum(1 for r in mine if r.state == State.PROCESSING)
+            n = min(passed_on(self.effective(ch), freed[name], running), most - len(out))
+            due = sorted((r for r in mine if r.state in _WAITING and r.queue in wanted
+                          and r.channel_due_at is not None and r.channel_due_at <= now),
+                         key=lambda r: (-r.priority, r.channel_due_at, r.id))
+            for r in due[:max(n, 0)]:
+                scheduled, r.channel_due_at = r.channel_due_at, None
+                d = take(r, scheduled)
+                d.holds_slot = True
+                out.append(d)
         return out
 
     def infos(self, rows: Iterable[Any]) -> list[ChannelInfo]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from .base import (
     driver_connection,
 )
 from .contract import DeadLetterSource, WakeSource
+from .core_control import CONTROL_OUTCOMES
 from .paramstyles import DriverStatement, for_paramstyle
 from .pg_errors import connection_lost, deadlock_detected, from_driver, never_sent
 from .pg_floors import ReadyFloors
@@ -232,6 +233,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         self._acquire_fair_sql = render(sql.ACQUIRE_FAIR, {
             **names, "turn_mask": (1 << TURN_BITS) - 1})
         self._settle = render(sql.SETTLE, names)
+        self._settle_passing = render(sql.SETTLE_PASSING, names)
         self._insert = render(sql.INSERT, names)
         self._insert_at = render(sql.INSERT_AT, names)
         self._extend = render(sql.EXTEND, names)
@@ -382,6 +384,24 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
             return set()
         rows = await self._fetch(self._settle, *_settle_args(settlements), index_plans=True)
         return {r[0] for r in rows}
+
+    async def settle_passing(self, settlements: Sequence[Settlement],
+                             slots: Mapping[int, str], queues: Sequence[str], lease: float,
+                             most: int) -> tuple[set[int], list[Delivery]]:
+        """As the SQL engines' (:mod:`.core_channels`), in one statement (SETTLE_PASSING)
+        for a batch without outputs or control results, as the settle alone is."""
+        if any(s.outputs is not None or s.outcome in CONTROL_OUTCOMES for s in settlements):
+            return await super().settle_passing(settlements, slots, queues, lease, most)
+        rows = await self._fetch(self._settle_passing, *_settle_args(settlements),
+                                 _texts(slots.get(s.id) for s in settlements), list(queues),
+                                 float(lease), most, index_plans=True)
+        applied = set(rows[0][0] or ())
+        taken = [r[1:] for r in rows if r[1] is not None]
+        out = _decoded(taken)
+        for d, r in zip(out, taken, strict=True):
+            d.channel, d.holds_slot = r[17], True
+        out.sort(key=_schedule_order)
+        return applied, out
 
     async def _settle_in(self, conn: AsyncConnection,
                          settlements: Sequence[Settlement]) -> set[int]:

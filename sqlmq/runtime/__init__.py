@@ -32,6 +32,7 @@ from .fetcher import Fetcher
 from .flusher import Flusher
 from .leases import Holdings, LeaseKeeper
 from .quarantine import QUARANTINE_AFTER, Quarantine
+from .slot_passing import SlotPassing
 from .workers import Workers
 
 if TYPE_CHECKING:
@@ -69,6 +70,19 @@ class SubscriberRuntime:
         self.workers = Workers(cfg, self.adapter, self.name, self.fetcher.buffer, room.set,
                                self.holdings, self.leases, self.flusher, self.quarantine,
                                hooks=hooks)
+        self.flusher.passing = SlotPassing(
+            cfg, self.holdings, self.counters, self.fetcher.hand_over, self._free_to_start,
+            lambda s: self.flusher.add(s, soon=True))
+
+    def _free_to_start(self) -> int:
+        """How many more deliveries this subscriber could start at once: workers neither
+        running a handler nor spoken for by the buffer; none while it stops or a suspect
+        runs alone. A settle passes freed channel slots on only up to this, so a slot goes
+        straight to the next message only while a worker waits for it anyway, and the
+        fetcher's least-recently-served order decides whenever the workers are the limit."""
+        if self.fetcher.stopping or not self.quarantine.gate.is_set():
+            return 0
+        return self.cfg.workers - self.workers.running - self.fetcher.buffer.qsize()
 
     @property
     def name(self) -> str:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 @dataclass
 class RuntimeCounters:
     acquired: int = 0
+    #: Of those, started in the slot a result freed, by its settle (``engine.settle_passing``).
+    passed: int = 0
     completed: int = 0
     failed: int = 0
     retried: int = 0

@@ -16,6 +16,7 @@ from ..middleware import NO_HOOKS, Hooks, Settled
 from ..tasks import cancel_and_wait, loop_task
 from .counters import RuntimeCounters
 from .leases import Holdings, Key
+from .slot_passing import SlotPassing
 
 if TYPE_CHECKING:
     from ..engines.contract import Engine
@@ -60,6 +61,8 @@ class Flusher:
         #: in a loop runs once per poll interval, and a channel limited to N runs N per
         #: poll interval.
         self._ready = ready
+        #: Set by the runtime: settles that pass freed channel slots straight on.
+        self.passing: SlotPassing | None = None
         self._flushed = asyncio.Event()  # set when results were written (workers wait on it)
         self._now = asyncio.Event()  # a batch is ready: flush before the interval ends
         self._lock = asyncio.Lock()  # one flush at a time; stop() never cuts one in half
@@ -130,7 +133,7 @@ class Flusher:
         while self.results:
             batch = _one_per_message(self.results, self.cfg.flush_batch)
             try:
-                applied = await self._settle(batch)
+                applied, started = await self._settle(batch, passing=not self.stopping)
             except Exception as exc:
                 if (self._backoff.failures + 1 >= ISOLATE_AFTER
                         and await self._database_answers()):
@@ -142,10 +145,15 @@ class Flusher:
                 await self._backoff.failed(exc)
                 return
             self._backoff.succeeded()
-            self._applied(batch, applied)
+            self._applied(batch, applied, passed=len(started))
+            if started:
+                assert self.passing is not None
+                self.passing.start(started)
 
-    async def _settle(self, batch: list[Settlement]) -> set[int]:
-        """Settle ``batch``; the ids whose result is written, now or by an earlier try.
+    async def _settle(self, batch: list[Settlement],
+                      passing: bool = False) -> tuple[set[int], list[Delivery]]:
+        """Settle ``batch``; the ids whose result is written, now or by an earlier try, and
+        (``passing``) the deliveries started in the slots it freed.
 
         A settle that fails may still have committed: the server ran the COMMIT and the
         connection died before its reply arrived (a restart, a killed connection). Retried,
@@ -156,7 +164,10 @@ class Flusher:
         observed = self._hooks.flush
         started = time.perf_counter() if observed else 0.0
         try:
-            applied = await self.engine.settle(batch)
+            if passing and self.passing is not None:
+                applied, onward = await self.passing.settle(self.engine, batch)
+            else:
+                applied, onward = await self.engine.settle(batch), []
             doubtful = [s for s in batch
                         if s.id not in applied and (s.id, s.deliveries) in self._in_doubt]
             if doubtful:
@@ -167,9 +178,9 @@ class Flusher:
         if observed:
             self._hooks.on_flushed(self.cfg.queues, len(batch), self.cfg.flush_batch,
                                    time.perf_counter() - started)
-        return applied
+        return applied, onward
 
-    def _applied(self, batch: list[Settlement], applied: set[int]) -> None:
+    def _applied(self, batch: list[Settlement], applied: set[int], passed: int = 0) -> None:
         results = self.results
         k = len(batch)
         if len(results) >= k and all(map(operator.is_, batch, results)):
@@ -179,7 +190,10 @@ class Flusher:
             results[:] = [s for s in results if id(s) not in flushed]
         c = self.counters
         held, lost, in_doubt = self.holdings.held, self.holdings.lost, self._in_doubt
-        if any(s.id in applied and (_ready_again(s) or _held_a_slot(held, s)) for s in batch):
+        # The fetcher is told at once of what it may start now: a message made ready again,
+        # or a slot freed and not passed on.
+        freed = sum(1 for s in batch if s.id in applied and _held_a_slot(held, s))
+        if freed > passed or any(s.id in applied and _ready_again(s) for s in batch):
             self._ready()
         observed = self._hooks.settle
         for s in batch:
@@ -227,7 +241,7 @@ class Flusher:
             failed = []
             for half in (batch[:mid], batch[mid:]):
                 try:
-                    applied = await self._settle(half)
+                    applied, _ = await self._settle(half)
                 except Exception:
                     failed.append(half)
                 else:
@@ -239,7 +253,7 @@ class Flusher:
         if not progress:  # a lone result: nothing shows it is the one at fault
             return False
         try:  # it failed beside one that did not; a lock timeout deserves a second try
-            applied = await self._settle(batch)
+            applied, _ = await self._settle(batch)
         except Exception as exc:
             if await self._database_answers():
                 self._give_up(batch[0], exc)

@@ -374,3 +374,112 @@ async def test_a_requeue_into_a_full_channel_is_refused_whole(env: Env) -> None:
         await env.engine.requeue_archived(ids=dead[1:2])
     (info,) = [c for c in await env.engine.channels() if c.name == "small"]
     assert info.waiting == 3
+
+
+def passing(*deliveries: Delivery) -> dict[int, str]:
+    """The ``slots`` of ``settle_passing``: each delivery's id to its channel."""
+    return {d.id: d.channel for d in deliveries if d.channel is not None}
+
+
+async def test_a_settle_passes_a_freed_slot_to_the_channels_next_message(env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=2))
+    await env.engine.set_channel("b", "q", ChannelSettings(max_concurrency=2))
+    a = await publish(env, "a", 5)
+    b = await publish(env, "b", 3)
+    first = await env.engine.acquire(["q"], 10, 30)
+    assert sorted(ids(first)) == sorted(a[:2] + b[:2])
+    assert all(d.holds_slot for d in first)
+    ones = [d for d in first if d.id in (a[0], a[1], b[0])]
+    applied, started = await env.engine.settle_passing(
+        [done(d) for d in ones], passing(*ones), ["q"], 30, 10)
+    assert applied == {a[0], a[1], b[0]}
+    assert sorted(ids(started)) == sorted([a[2], a[3], b[2]])
+    assert all(d.holds_slot and d.channel == ("a" if d.id in a else "b") for d in started)
+    assert all(d.deliveries == 1 and d.lease_expires_at > d.acquired_at for d in started)
+    # each channel is at its limit again: nothing more to acquire, and the slots are held
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    running = {c.name: c.running for c in await env.engine.channels()}
+    assert running == {"a": 2, "b": 2}
+    # what was started settles as any delivery does
+    assert await env.engine.settle([done(d) for d in started]) == set(ids(started))
+
+
+async def test_a_stale_settle_passes_nothing_on(env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=1))
+    await publish(env, "a", 2)
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    stale = Settlement(d.id, d.deliveries + 1, Outcome.COMPLETE)
+    assert await env.engine.settle_passing([stale], passing(d), ["q"], 30, 10) == (set(), [])
+    assert await env.engine.acquire(["q"], 10, 30) == []  # the slot is still held
+
+
+async def test_only_a_channel_with_a_concurrency_limit_alone_passes_its_slots(
+        env: Env) -> None:
+    """A rate spaces the starts and an ordered channel waits for its head: both are the
+    acquire's to decide, under the channel's lock; a channel without limits holds none."""
+    await env.engine.set_channel("rated", "q", ChannelSettings(max_concurrency=2, rate=1000))
+    await env.engine.set_channel("ordered", "q", ChannelSettings(max_concurrency=1,
+                                                                   ordered=True))
+    for name in ("rated", "ordered"):
+        await publish(env, name, 3)
+    got = await env.engine.acquire(["q"], 10, 30)
+    assert {d.channel for d in got} == {"rated", "ordered"}
+    applied, started = await env.engine.settle_passing(
+        [done(d) for d in got], passing(*got), ["q"], 30, 10)
+    assert applied == set(ids(got)) and started == []
+
+
+async def test_a_lowered_limit_is_not_passed_on(env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=3))
+    sent = await publish(env, "a", 6)
+    got = await env.engine.acquire(["q"], 10, 30)
+    assert ids(got) == sent[:3]
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=2))
+    applied, started = await env.engine.settle_passing(
+        [done(got[0])], passing(got[0]), ["q"], 30, 10)
+    assert applied == {sent[0]} and started == []  # two still run: the new limit
+    applied, started = await env.engine.settle_passing(
+        [done(got[1])], passing(got[1]), ["q"], 30, 10)
+    assert applied == {sent[1]} and ids(started) == [sent[3]]
+
+
+async def test_passing_takes_at_most_what_the_caller_can_start_and_only_what_is_due(
+        env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=3))
+    sent = await publish(env, "a", 4)
+    later = await publish(env, "a", 1, delay=60)
+    elsewhere = await publish(env, "a", 1, queue="other")
+    got = await env.engine.acquire(["q"], 10, 30)
+    assert ids(got) == sent[:3]
+    applied, started = await env.engine.settle_passing(
+        [done(d) for d in got], passing(*got), ["q"], 30, 1)
+    assert applied == set(sent[:3]) and ids(started) == [sent[3]]
+    applied, started = await env.engine.settle_passing(
+        [done(started[0])], passing(started[0]), ["q"], 30, 10)
+    assert applied == {sent[3]} and started == []  # neither the delayed one nor the other queue's
+    assert later and elsewhere
+
+
+async def test_a_paused_queue_passes_nothing_on(env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=1))
+    sent = await publish(env, "a", 2)
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.pause("q")
+    assert await env.engine.settle_passing([done(d)], passing(d), ["q"], 30, 10) == (
+        {sent[0]}, [])
+    assert await env.engine.resume("q")
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [sent[1]]
+
+
+async def test_a_retry_passes_its_slot_on_and_a_defer_too(env: Env) -> None:
+    await env.engine.set_channel("a", "q", ChannelSettings(max_concurrency=1))
+    sent = await publish(env, "a", 3)
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    retry = Settlement(d.id, d.deliveries, Outcome.RETRY, error="boom", delay=60)
+    applied, started = await env.engine.settle_passing([retry], passing(d), ["q"], 30, 10)
+    assert applied == {sent[0]} and ids(started) == [sent[1]]
+    defer = Settlement(started[0].id, started[0].deliveries, Outcome.DEFER, delay=60,
+                       attempted=False)
+    applied, again = await env.engine.settle_passing([defer], passing(started[0]), ["q"], 30,
+                                                     10)
+    assert applied == {sent[1]} and ids(again) == [sent[2]]

@@ -87,9 +87,9 @@ DEAD_LETTER_PAYLOAD = "CAST(json_build_object('id', id, 'queue', queue, 'state',
 # seconds, returned with their ready time (times as epoch seconds, JSON as text: decoded once
 # per distinct value) and what defer and cancellation left on them (schema version 9).
 # ``now()`` is the statement's time: a floor learns from it (see ACQUIRE_ABOVE_FLOORS).
-def _take(cleared: str, more: str = "") -> str:
+def _take(cleared: str, more: str = "", lease: str = "$3") -> str:
     """The take of ``ready``'s rows, clearing their due column ``cleared``; ``more``: columns
-    returned after the usual ones."""
+    returned after the usual ones; ``lease``: the parameter of the lease's seconds."""
     return f"""
 UPDATE {{m}} AS m SET
     state = 'PROCESSING',
@@ -97,7 +97,7 @@ UPDATE {{m}} AS m SET
     acquired_at = now(),
     first_attempt_at = COALESCE(m.first_attempt_at, now()),
     {cleared} = NULL,
-    lease_expires_at = now() + CAST($3 AS DOUBLE PRECISION) * INTERVAL '1 second'
+    lease_expires_at = now() + CAST({lease} AS DOUBLE PRECISION) * INTERVAL '1 second'
 FROM ready
 WHERE m.id = ready.id AND m.id = ANY(ARRAY(SELECT id FROM ready))
 RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
@@ -358,6 +358,53 @@ moved AS (
 )
 SELECT id FROM archived UNION ALL SELECT id FROM done WHERE keep = 0
 UNION ALL SELECT id FROM moved
+"""
+
+# SETTLE, and the slots its results free passed on in the same statement (see
+# sqlmq.engines.core_channels' ChannelStatements.settle_passing): $10 gives each result's
+# channel where its delivery held a slot (NULL elsewhere), $11 the subscriber's queues, $12
+# the lease, $13 the most messages to start. Each channel with only a concurrency limit
+# starts as many of its due messages as results of it landed, within the limit; no channel
+# lock is needed, as the channel's running count never grows. The statement's snapshot still
+# sees the landed deliveries running, so the room left is the limit less the count plus
+# what landed. One row per message started (or one with NULLs), each led by the ids that
+# landed, then the row as ACQUIRE returns it and its channel.
+SETTLE_PASSING = SETTLE.rsplit("SELECT id FROM archived", 1)[0] + """, landed AS (
+    SELECT id FROM archived UNION ALL SELECT id FROM done WHERE keep = 0
+    UNION ALL SELECT id FROM moved
+), freed AS (
+    SELECT s.channel, count(*) AS n
+    FROM unnest(CAST(CAST($1 AS TEXT) AS BIGINT[]), CAST(CAST($10 AS TEXT) AS TEXT[]))
+        AS s(id, channel)
+    WHERE s.channel IS NOT NULL AND s.id IN (SELECT id FROM landed)
+    GROUP BY s.channel
+), room AS (
+    SELECT f.channel, LEAST(f.n, lim.most - lim.running + f.n) AS n
+    FROM freed AS f CROSS JOIN LATERAL (
+        SELECT CASE WHEN c.configured = 1 THEN c.max_concurrency ELSE d.max_concurrency END
+                   AS most,
+               (SELECT count(*) FROM {m} AS r
+                WHERE r.channel = f.channel AND r.state = 'PROCESSING') AS running
+        FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
+        WHERE c.name = f.channel
+          AND CASE WHEN c.configured = 1 THEN c.rate ELSE d.rate END IS NULL
+          AND COALESCE(CASE WHEN c.configured = 1 THEN c.ordered ELSE d.ordered END, 0) = 0
+    ) AS lim
+    WHERE lim.most IS NOT NULL
+), ready AS (
+    SELECT r.id, r.next_attempt_at, room.channel FROM room CROSS JOIN LATERAL (
+        SELECT n.id, n.channel_due_at AS next_attempt_at FROM {m} AS n
+        WHERE n.channel = room.channel AND n.state IN ('PENDING', 'RETRYABLE')
+          AND n.queue = ANY($11::text[]) AND n.channel_due_at <= now()
+          AND n.queue NOT IN (SELECT queue FROM {pause})
+        ORDER BY n.priority DESC, n.channel_due_at, n.id
+        LIMIT GREATEST(room.n, 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS r
+    LIMIT $13
+), taken AS (""" + _take("channel_due_at", ",\n    m.channel", lease="$12") + """)
+SELECT (SELECT array_agg(id) FROM landed), taken.* FROM (SELECT 1) AS one
+LEFT JOIN taken ON true
 """
 
 # Push the leases of held deliveries ($1 ids, $2 deliveries, sorted by id) to now + $3
