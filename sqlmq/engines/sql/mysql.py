@@ -286,6 +286,73 @@ WHERE m.state = 'PROCESSING' AND i.outcome IN ('RETRY', 'RELEASE')
 
 SETTLE_CLEAR = "SET @sqlmq_settle = NULL"
 
+# ---- settle passing freed channel slots on, one packet, one transaction ---------------------
+#
+# (see sqlmq.engines.core_slots) The settle above, with, after SETTLE_LOCK and before the
+# settle's writes:
+# PASS_ROOM: per channel among the results that held a slot (%s: a JSON array of [id,
+# deliveries, channel]) and land (their row still held, as SETTLE_LOCK's), how many of its
+# slots may be passed on, into @sqlmq_room as [channel, room]: as many as land, within its
+# max_concurrency less what runs once they end, for a channel whose one limit that is.
+# The channels first, then their rows by key (STRAIGHT_JOIN, FORCE INDEX), as the settle's.
+PASS_ROOM = """
+SELECT JSON_ARRAYAGG(JSON_ARRAY(f.channel, LEAST(f.n, f.most - f.running + f.n)))
+INTO @sqlmq_room FROM (
+    SELECT l.channel, l.n,
+           CASE WHEN c.configured = 1 THEN c.max_concurrency ELSE d.max_concurrency END
+               AS most,
+           (SELECT COUNT(*) FROM {m} AS r FORCE INDEX (ix_{m}_channel)
+            WHERE r.channel = l.channel AND r.state = 'PROCESSING') AS running
+    FROM (
+        SELECT s.channel, COUNT(*) AS n
+        FROM JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$[0]', deliveries INT PATH '$[1]',
+            channel VARCHAR({name_length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin
+            PATH '$[2]')) AS s
+        STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY)
+            ON m.id = s.id AND m.deliveries_count = s.deliveries
+        WHERE m.state = 'PROCESSING'
+        GROUP BY s.channel
+    ) AS l
+    STRAIGHT_JOIN {channel} AS c FORCE INDEX (PRIMARY) ON c.name = l.channel
+    LEFT JOIN {channel_default} AS d ON d.queue = c.queue
+    WHERE CASE WHEN c.configured = 1 THEN c.rate ELSE d.rate END IS NULL
+      AND COALESCE(CASE WHEN c.configured = 1 THEN c.ordered ELSE d.ordered END, 0) = 0
+) AS f
+WHERE f.most IS NOT NULL
+"""
+
+# Then, after the settle's writes: PASS_PICK locks each channel's next due messages in the
+# queues ({queues}) in acquire order from the index (channel, priority DESC, channel_due_at,
+# id), one PASS_PICK_PART per channel ({parts}, UNION_ALL; parameters: the channel, the
+# queues, the most it could pass on), keeps as many as its room, and puts their ids and the
+# clock into @sqlmq_take and @sqlmq_now. MariaDB takes no variable as a LIMIT, so each part
+# is cut at the caller's bound and numbered; what it locks beyond the room is let go at the
+# COMMIT. Then PASS_READ and PASS_TAKE as the fair acquire's (FAIR_READ and FAIR_TAKE, with
+# the channel).
+PASS_PICK = """
+SELECT COALESCE(JSON_ARRAYAGG(n.id), '[]'), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now
+FROM (
+    SELECT l.id, l.channel, ROW_NUMBER() OVER (
+        PARTITION BY l.channel ORDER BY l.priority DESC, l.channel_due_at, l.id) AS rn
+    FROM ({parts}) AS l
+) AS n
+JOIN JSON_TABLE(COALESCE(@sqlmq_room, '[]'), '$[*]' COLUMNS (
+    channel VARCHAR({name_length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin
+    PATH '$[0]', room INT PATH '$[1]')) AS r ON r.channel = n.channel
+WHERE n.rn <= r.room
+"""
+PASS_PICK_PART = """
+(SELECT id, channel, priority, channel_due_at FROM {m} FORCE INDEX (ix_{m}_channel_due)
+ WHERE channel = %s AND state IN ('PENDING', 'RETRYABLE') AND queue IN ({queues})
+   AND channel_due_at <= UTC_TIMESTAMP(6) AND queue NOT IN (SELECT queue FROM {pause})
+ ORDER BY priority DESC, channel_due_at, id
+ LIMIT %s
+ FOR UPDATE SKIP LOCKED)"""
+
+PASS_READ = _read("channel_due_at", ", m.channel")
+
+PASS_TAKE = _take("channel_due_at")
+
 # ---- leases (through SQLAlchemy) -------------------------------------------------------------
 
 # Lock the held deliveries among :leases (a JSON array of [id, deliveries], sorted by id as
