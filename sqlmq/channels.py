@@ -79,6 +79,14 @@ class ChannelSettings:
         is written (a concurrency limit, or ordered): its result is worth writing at once."""
         return self.ordered or self.max_concurrency is not None
 
+    @property
+    def passes_slots(self) -> bool:
+        """Whether a freed slot may go straight to the channel's next message in the
+        settle that frees it: a concurrency limit and nothing else (a rate spaces the
+        starts and an ordered channel waits for its head, both decided by the acquire
+        under the channel's lock)."""
+        return self.max_concurrency is not None and self.rate is None and not self.ordered
+
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "max_size"):
             value = getattr(self, name)
@@ -209,10 +217,9 @@ def freed_slots(applied: Iterable[int], slots: Mapping[int, str]) -> dict[str, i
 def passed_on(settings: ChannelSettings, freed: int, running: int) -> int:
     """How many of ``freed`` slots of a channel under ``settings``, with ``running``
     deliveries PROCESSING once they are freed, may go straight to its next messages in the
-    settle that frees them: within a concurrency limit, and only where that is the
-    channel's one limit (a rate spaces the starts and an ordered channel waits for its
-    head, both decided by the acquire under the channel's lock)."""
-    if settings.max_concurrency is None or settings.rate is not None or settings.ordered:
+    settle that frees them: within its concurrency limit, where that is its one limit
+    (:attr:`ChannelSettings.passes_slots`)."""
+    if not settings.passes_slots or settings.max_concurrency is None:
         return 0
     return max(0, min(freed, settings.max_concurrency - running))
 

@@ -274,7 +274,8 @@ class ChannelStatements(FairAcquire):
         if not picked:
             return []
         out = await self._take(conn, picked, lease,
-                               {name for name, (_, s, _) in plan.items() if s.holds_slots})
+                               {name for name, (_, s, _) in plan.items() if s.holds_slots},
+                               {name for name, (_, s, _) in plan.items() if s.passes_slots})
         # A rate spaces the starts as stamped on the deliveries (the take's clock), not from
         # the read before the locks: from the read, a slow take let the next start come
         # less than an interval after this one's acquired_at.
@@ -313,8 +314,10 @@ class ChannelStatements(FairAcquire):
         return picks
 
     async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
-                    lease: float, holding: set[str]) -> list[Delivery]:
-        """Acquire ``picked``; the deliveries of the ``holding`` channels hold a slot."""
+                    lease: float, holding: set[str],
+                    passing: set[str] | frozenset[str] = frozenset()) -> list[Delivery]:
+        """Acquire ``picked``; the deliveries of the ``holding`` channels hold a slot, those
+        of the ``passing`` channels may pass it on (``Delivery.passes_slot``)."""
         sql, ids = self._channel_sql, sorted(picked)
         params = {"ids": ids, "lease": float(lease)}
         if sql.take_returning is not None:
@@ -338,7 +341,8 @@ class ChannelStatements(FairAcquire):
                             expires_at=r.expires_at, saved_state=r.saved_state,
                             defers=r.defers_count, cancel_requested=bool(r.cancel_requested),
                             channel=picked[r.id][0],
-                            holds_slot=picked[r.id][0] in holding)
+                            holds_slot=picked[r.id][0] in holding,
+                            passes_slot=picked[r.id][0] in passing)
 
         def undecodable(r: Any, exc: BaseException) -> Delivery:
             return undecodable_delivery(r.id, r.queue, r.attempts_count, r.deliveries_count,

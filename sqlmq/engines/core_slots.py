@@ -46,7 +46,7 @@ class SlotPassing:
 
         async def _take(self, conn: AsyncConnection,
                         picked: dict[int, tuple[str, datetime]], lease: float,
-                        holding: set[str]) -> list[Delivery]: ...
+                        holding: set[str], passing: set[str]) -> list[Delivery]: ...
 
     async def settle_passing(self, settlements: Sequence[Settlement],
                              slots: Mapping[int, str], queues: Sequence[str], lease: float,
@@ -81,7 +81,7 @@ class SlotPassing:
                   if r.rn <= plan[r.channel]}
         if not picked:
             return []
-        return await self._take(conn, picked, lease, set(plan))
+        return await self._take(conn, picked, lease, set(plan), set(plan))
 
 
 __all__ = ["SlotPassing"]

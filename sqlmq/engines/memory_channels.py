@@ -196,7 +196,7 @@ class MemoryChannels:
             for r in picked:
                 scheduled, r.channel_due_at = r.channel_due_at, None
                 d = take(r, scheduled)
-                d.holds_slot = settings.holds_slots
+                d.holds_slot, d.passes_slot = settings.holds_slots, settings.passes_slots
                 out.append(d)
             ch.served_at, ch.served_rank, served = now, served, served + 1
             ch.next_start_at = next_start(settings, ch.next_start_at, now)
@@ -229,7 +229,7 @@ class MemoryChannels:
             for r in due[:max(n, 0)]:
                 scheduled, r.channel_due_at = r.channel_due_at, None
                 d = take(r, scheduled)
-                d.holds_slot = True
+                d.holds_slot = d.passes_slot = True
                 out.append(d)
         return out
 

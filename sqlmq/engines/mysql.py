@@ -259,7 +259,7 @@ class SlotPacket:
         rows.sort(key=lambda r: r[0])
         out = _deliveries(rows, lease)
         for d, r in zip(out, rows, strict=True):
-            d.channel, d.holds_slot = r[16], True
+            d.channel, d.holds_slot, d.passes_slot = r[16], True, True
         return {r[0] for r in locked}, out
 
 

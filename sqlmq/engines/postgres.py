@@ -399,7 +399,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         taken = [r[1:] for r in rows if r[1] is not None]
         out = _decoded(taken)
         for d, r in zip(out, taken, strict=True):
-            d.channel, d.holds_slot = r[17], True
+            d.channel, d.holds_slot, d.passes_slot = r[17], True, True
         out.sort(key=_schedule_order)
         return applied, out
 

@@ -61,10 +61,13 @@ class SlotPassing:
                 self._give_back(decide(d, self.cfg, ending=Ending.UNSTARTED))
 
     def _slots(self, batch: Sequence[Settlement]) -> dict[int, str]:
-        """The results of ``batch`` whose delivery held a channel's slot, with the channel."""
+        """The results of ``batch`` whose delivery held a slot it may pass on (its
+        channel's one limit a concurrency limit when it was acquired), with the channel.
+        Others (an ordered channel's, a rate-limited one's) are not worth the passing
+        settle's extra reads: the engine would pass none of theirs on."""
         held = self._holdings.held
         return {s.id: d.channel for s in batch
-                if (d := held.get((s.id, s.deliveries))) is not None and d.holds_slot
+                if (d := held.get((s.id, s.deliveries))) is not None and d.passes_slot
                 and d.channel is not None}
 
 

@@ -388,13 +388,14 @@ async def test_a_settle_passes_a_freed_slot_to_the_channels_next_message(env: En
     b = await publish(env, "b", 3)
     first = await env.engine.acquire(["q"], 10, 30)
     assert sorted(ids(first)) == sorted(a[:2] + b[:2])
-    assert all(d.holds_slot for d in first)
+    assert all(d.holds_slot and d.passes_slot for d in first)
     ones = [d for d in first if d.id in (a[0], a[1], b[0])]
     applied, started = await env.engine.settle_passing(
         [done(d) for d in ones], passing(*ones), ["q"], 30, 10)
     assert applied == {a[0], a[1], b[0]}
     assert sorted(ids(started)) == sorted([a[2], a[3], b[2]])
-    assert all(d.holds_slot and d.channel == ("a" if d.id in a else "b") for d in started)
+    assert all(d.holds_slot and d.passes_slot and d.channel == ("a" if d.id in a else "b")
+               for d in started)
     assert all(d.deliveries == 1 and d.lease_expires_at > d.acquired_at for d in started)
     # each channel is at its limit again: nothing more to acquire, and the slots are held
     assert await env.engine.acquire(["q"], 10, 30) == []
@@ -424,6 +425,7 @@ async def test_only_a_channel_with_a_concurrency_limit_alone_passes_its_slots(
         await publish(env, name, 3)
     got = await env.engine.acquire(["q"], 10, 30)
     assert {d.channel for d in got} == {"rated", "ordered"}
+    assert all(d.holds_slot and not d.passes_slot for d in got)
     applied, started = await env.engine.settle_passing(
         [done(d) for d in got], passing(*got), ["q"], 30, 10)
     assert applied == set(ids(got)) and started == []
