@@ -45,12 +45,13 @@ def fair_kind(row: str) -> str:
        WHERE c.name = {row}.channel)"""
 
 
-def fair_turn(hint: str = "") -> str:
+def fair_turn(hint: str = "", kind: str | None = None) -> str:
     """The fair acquire's condition on message ``f``: its channel has no limits, or is
     ordered without others and has no message before ``f`` in its key order (``fair_key``,
     then ``id``; in any state, so one running holds the rest back): two probes of the
-    index ``(channel, fair_key, id)``, which ``hint`` may name."""
-    return f"""CASE {fair_kind("f")}
+    index ``(channel, fair_key, id)``, which ``hint`` may name. ``kind``: the channel's
+    kind (:func:`fair_kind`) where the caller has it already."""
+    return f"""CASE {kind or fair_kind("f")}
         WHEN 0 THEN 1
         WHEN 1 THEN CASE WHEN NOT EXISTS (
                 SELECT 1 FROM {{m}} AS o {hint}
