@@ -14,6 +14,7 @@ then the reply is "lost"), the one spot where it can be placed deterministically
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from sqlmq import AckPolicy, Broker, Message, Retry
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Settlement
 
-from .conftest import on_every_engine, passes, rows, wait_until
+from .conftest import on_every_engine, passes, rows, speed_up, wait_until
 
 pytestmark = on_every_engine
 
@@ -106,3 +107,46 @@ async def test_landed_tells_written_results_from_stale_ones(broker: Broker) -> N
              for o in (Outcome.COMPLETE, Outcome.RETRY, Outcome.RELEASE)]
     for s in never:
         assert await engine.landed([s]) == set(), s.outcome
+
+
+async def test_a_passing_settle_whose_reply_was_lost_loses_nothing(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A settle that passed a freed channel slot on (``settle_passing``) commits, and its
+    reply is lost: its result is found landed, and the message it started, which no worker
+    ever got, comes back when its lease expires, as after a crash, and runs then."""
+    engine = broker.engine
+    real = engine.settle_passing
+    orphans: list[int] = []
+
+    async def settle_passing(batch: Sequence[Settlement], *args: Any,
+                             ) -> tuple[set[int], list[Any]]:
+        applied, started = await real(batch, *args)
+        if started and not orphans:
+            orphans.extend(d.id for d in started)
+            raise ConnectionResetError("connection lost before the reply to COMMIT arrived")
+        return applied, started
+
+    monkeypatch.setattr(engine, "settle_passing", settle_passing)
+    speed_up(broker)
+    starts: list[int] = []
+
+    @broker.subscriber("q", workers=4, lease=1.0, recovery_interval=0.2,
+                       flush_interval=0.0, max_fetch_interval=0.05)
+    async def handle(msg: Message) -> None:
+        starts.append(msg.id)
+
+    await broker.set_channel("one", max_concurrency=1)
+    ids = await broker.publish_batch("q", range(4), channel="one")
+    await broker.start()
+    counters = broker.runtimes[0].counters
+    await wait_until(lambda: counters.completed >= len(ids), timeout=30,
+                     message="every message completed")
+    await broker.stop()
+
+    assert len(orphans) == 1, "the injected fault never fired"
+    assert sorted(set(starts)) == ids and counters.stale == 0
+    archived = await rows(broker, "archive")
+    assert sorted(r["id"] for r in archived) == ids
+    # the orphan was delivered twice: once to no one (the lost reply), once to a worker
+    assert {r["id"]: r["deliveries_count"] for r in archived} == {
+        i: 2 if i == orphans[0] else 1 for i in ids}
