@@ -388,7 +388,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
     async def settle_passing(self, settlements: Sequence[Settlement],
                              slots: Mapping[int, str], queues: Sequence[str], lease: float,
                              most: int) -> tuple[set[int], list[Delivery]]:
-        """As the SQL engines' (:mod:`.core_channels`), in one statement (SETTLE_PASSING)
+        """As the SQL engines' (:mod:`.core_slots`), in one statement (SETTLE_PASSING)
         for a batch without outputs or control results, as the settle alone is."""
         if any(s.outputs is not None or s.outcome in CONTROL_OUTCOMES for s in settlements):
             return await super().settle_passing(settlements, slots, queues, lease, most)

@@ -364,14 +364,14 @@ UNION ALL SELECT id FROM moved
 """
 
 # SETTLE, and the slots its results free passed on in the same statement (see
-# sqlmq.engines.core_channels' ChannelStatements.settle_passing): $10 gives each result's
-# channel where its delivery held a slot (NULL elsewhere), $11 the subscriber's queues, $12
-# the lease, $13 the most messages to start. Each channel with only a concurrency limit
-# starts as many of its due messages as results of it landed, within the limit; no channel
-# lock is needed, as the channel's running count never grows. The statement's snapshot still
-# sees the landed deliveries running, so the room left is the limit less the count plus
-# what landed. One row per message started (or one with NULLs), each led by the ids that
-# landed, then the row as ACQUIRE returns it and its channel.
+# sqlmq.engines.core_slots): $10 gives each result's channel where its delivery held a slot
+# (NULL elsewhere), $11 the subscriber's queues, $12 the lease, $13 the most messages to
+# start. Each channel with only a concurrency limit starts as many of its due messages as
+# results of it landed, within the limit; no channel lock is needed, as the channel's
+# running count never grows. The statement's snapshot still sees the landed deliveries
+# running, so the room left is the limit less the count plus what landed. One row per
+# message started (or one with NULLs), each led by the ids that landed, then the row as
+# ACQUIRE returns it and its channel.
 SETTLE_PASSING = SETTLE.rsplit("SELECT id FROM archived", 1)[0] + """, landed AS (
     SELECT id FROM archived UNION ALL SELECT id FROM done WHERE keep = 0
     UNION ALL SELECT id FROM moved
