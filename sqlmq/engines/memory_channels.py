@@ -170,8 +170,7 @@ class MemoryChannels:
             if not settings.limited:
                 continue
             mine = of.get(ch.name, [])
-            due = [r for r in mine if r.state in _WAITING and r.queue in wanted
-                   and r.channel_due_at is not None and r.channel_due_at <= now]
+            due = _due(mine, wanted, now)
             if not due:
                 continue
             if ch.next_start_at is not None and ch.next_start_at > now:
@@ -190,7 +189,7 @@ class MemoryChannels:
                 head = min(mine, key=lambda r: r.id)
                 picked = [head] if head in due else []
             else:
-                picked = sorted(due, key=lambda r: (-r.priority, r.channel_due_at, r.id))[:n]
+                picked = sorted(due, key=_pick_order)[:n]
             if not picked:
                 continue
             for r in picked:
@@ -223,10 +222,7 @@ class MemoryChannels:
             mine = of.get(name, [])
             running = sum(1 for r in mine if r.state == State.PROCESSING)
             n = min(passed_on(self.effective(ch), freed[name], running), most - len(out))
-            due = sorted((r for r in mine if r.state in _WAITING and r.queue in wanted
-                          and r.channel_due_at is not None and r.channel_due_at <= now),
-                         key=lambda r: (-r.priority, r.channel_due_at, r.id))
-            for r in due[:max(n, 0)]:
+            for r in sorted(_due(mine, wanted, now), key=_pick_order)[:max(n, 0)]:
                 scheduled, r.channel_due_at = r.channel_due_at, None
                 d = take(r, scheduled)
                 d.holds_slot = d.passes_slot = True
@@ -243,6 +239,17 @@ class MemoryChannels:
         return [ChannelInfo(c.name, c.queue, c.settings, self.effective(c),
                             waiting.get(c.name, 0), running.get(c.name, 0), c.served_at)
                 for c in sorted(self.channels.values(), key=lambda c: c.name)]
+
+
+def _due(rows: list[Any], queues: set[str], now: datetime) -> list[Any]:
+    """The waiting ``rows`` of a channel due by ``now`` in ``queues``."""
+    return [r for r in rows if r.state in _WAITING and r.queue in queues
+            and r.channel_due_at is not None and r.channel_due_at <= now]
+
+
+def _pick_order(r: Any) -> tuple[int, datetime, int]:
+    """A limited channel's acquire order: priority, due time, id."""
+    return (-r.priority, r.channel_due_at, r.id)
 
 
 __all__ = ["ChannelRow", "MemoryChannels"]

@@ -38,7 +38,6 @@ from .base import (
     SqlEngine,
     driver_connection,
 )
-from .core_control import CONTROL_OUTCOMES
 from .rows import (
     BatchHeaders,
     BatchHeaderTexts,
@@ -49,6 +48,7 @@ from .rows import (
     ready_order,
     undecodable_delivery,
 )
+from .settle_onward import needs_onward
 from .sql import mysql as sql
 from .sql import render
 
@@ -240,7 +240,7 @@ class SlotPacket:
     async def settle_passing(self, settlements: Sequence[Settlement],
                              slots: Mapping[int, str], queues: Sequence[str], lease: float,
                              most: int) -> tuple[set[int], list[Delivery]]:
-        if any(s.outputs is not None or s.outcome in CONTROL_OUTCOMES for s in settlements):
+        if needs_onward(settlements):
             return await super().settle_passing(  # type: ignore[misc]
                 settlements, slots, queues, lease, most)
         bounds = pass_bounds([slots[s.id] for s in settlements if s.id in slots],

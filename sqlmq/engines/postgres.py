@@ -35,7 +35,6 @@ from .base import (
     driver_connection,
 )
 from .contract import DeadLetterSource, WakeSource
-from .core_control import CONTROL_OUTCOMES
 from .paramstyles import DriverStatement, for_paramstyle
 from .pg_errors import connection_lost, deadlock_detected, from_driver, never_sent
 from .pg_floors import ReadyFloors
@@ -48,6 +47,7 @@ from .rows import (
     decode_rows,
     undecodable_delivery,
 )
+from .settle_onward import needs_onward
 from .sql import postgresql as sql
 from .sql import render
 
@@ -390,7 +390,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
                              most: int) -> tuple[set[int], list[Delivery]]:
         """As the SQL engines' (:mod:`.core_slots`), in one statement (SETTLE_PASSING)
         for a batch without outputs or control results, as the settle alone is."""
-        if any(s.outputs is not None or s.outcome in CONTROL_OUTCOMES for s in settlements):
+        if needs_onward(settlements):
             return await super().settle_passing(settlements, slots, queues, lease, most)
         rows = await self._fetch(self._settle_passing, *_settle_args(settlements),
                                  _texts(slots.get(s.id) for s in settlements), list(queues),

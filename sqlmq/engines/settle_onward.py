@@ -51,10 +51,9 @@ class OnwardSettle:
             """The DEFER and CANCEL settlements (:mod:`sqlmq.engines.core_control`)."""
 
     async def settle(self, settlements: Sequence[Settlement]) -> set[int]:
-        for s in settlements:
-            if s.outputs is not None or s.outcome in CONTROL_OUTCOMES:
-                return await self._transaction(
-                    lambda conn: self._settle_onward(conn, settlements))
+        if needs_onward(settlements):
+            return await self._transaction(
+                lambda conn: self._settle_onward(conn, settlements))
         return await self._settle_alone(settlements)
 
     async def _settle_onward(self, conn: AsyncConnection,
@@ -83,10 +82,16 @@ class OnwardSettle:
             return await work(conn)
 
 
+def needs_onward(settlements: Sequence[Settlement]) -> bool:
+    """Whether a batch takes the transaction above (outputs to publish, a DEFER or a
+    CANCEL) rather than an engine's one-statement settle."""
+    return any(s.outputs is not None or s.outcome in CONTROL_OUTCOMES for s in settlements)
+
+
 def outputs_of(settlements: Sequence[Settlement], written: set[int]) -> list[NewMessages]:
     """The outputs to publish with a settle that wrote ``written``: those of the settlements
     that landed, one batch per queue (:func:`~sqlmq.new_messages.joined`)."""
     return joined(s.outputs for s in settlements if s.outputs is not None and s.id in written)
 
 
-__all__ = ["OnwardSettle", "outputs_of"]
+__all__ = ["OnwardSettle", "needs_onward", "outputs_of"]

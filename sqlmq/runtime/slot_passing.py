@@ -39,9 +39,9 @@ class SlotPassing:
                      ) -> tuple[set[int], list[Delivery]]:
         """Settle ``batch``, passing on the slots it frees if workers are free; the ids
         written and the deliveries started (not handed over yet: :meth:`start`)."""
-        slots = self._slots(batch)
-        most = self._free() if slots else 0
-        if most <= 0:
+        most = self._free()
+        slots = self._slots(batch) if most > 0 else {}
+        if not slots:
             return await engine.settle(batch), []
         sent = asyncio.get_running_loop().time()
         cfg = self.cfg

@@ -45,6 +45,19 @@ def fair_kind(row: str) -> str:
        WHERE c.name = {row}.channel)"""
 
 
+def passing_limit() -> str:
+    """The concurrency limit within which channel row ``c`` (its queue's default ``d``
+    outer-joined) passes freed slots straight on, by its own settings or else the default;
+    NULL unless that limit is its one limit (no rate, not ordered). The raw-SQL twin of
+    ``sqlmq.channels.ChannelSettings.passes_slots``, shared by PostgreSQL's SETTLE_PASSING
+    and MariaDB's PASS_ROOM."""
+    return """CASE WHEN c.configured = 1
+            THEN CASE WHEN c.rate IS NULL AND COALESCE(c.ordered, 0) = 0
+                      THEN c.max_concurrency END
+            ELSE CASE WHEN d.rate IS NULL AND COALESCE(d.ordered, 0) = 0
+                      THEN d.max_concurrency END END"""
+
+
 def fair_turn(hint: str = "", kind: str | None = None) -> str:
     """The fair acquire's condition on message ``f``: its channel has no limits, or is
     ordered without others and has no message before ``f`` in its key order (``fair_key``,
@@ -63,4 +76,4 @@ def fair_turn(hint: str = "", kind: str | None = None) -> str:
         ELSE 0 END = 1"""
 
 
-__all__ = ["fair_kind", "fair_turn", "names_for", "render"]
+__all__ = ["fair_kind", "fair_turn", "names_for", "passing_limit", "render"]

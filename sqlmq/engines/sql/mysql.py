@@ -9,7 +9,7 @@ state shared between the statements of one packet stays on the server in session
 (``@sqlmq_level``, ``@sqlmq_now``, ``@sqlmq_take``, ``@sqlmq_settle`` …).
 """
 
-from . import fair_kind, fair_turn
+from . import fair_kind, fair_turn, passing_limit
 
 # ---- transactions of one packet --------------------------------------------------------------
 
@@ -298,9 +298,7 @@ SETTLE_CLEAR = "SET @sqlmq_settle = NULL"
 PASS_ROOM = """
 SELECT JSON_ARRAYAGG(JSON_ARRAY(f.channel, LEAST(f.n, f.most - f.running + f.n)))
 INTO @sqlmq_room FROM (
-    SELECT l.channel, l.n,
-           CASE WHEN c.configured = 1 THEN c.max_concurrency ELSE d.max_concurrency END
-               AS most,
+    SELECT l.channel, l.n, """ + passing_limit() + """ AS most,
            (SELECT COUNT(*) FROM {m} AS r FORCE INDEX (ix_{m}_channel)
             WHERE r.channel = l.channel AND r.state = 'PROCESSING') AS running
     FROM (
@@ -315,8 +313,6 @@ INTO @sqlmq_room FROM (
     ) AS l
     STRAIGHT_JOIN {channel} AS c FORCE INDEX (PRIMARY) ON c.name = l.channel
     LEFT JOIN {channel_default} AS d ON d.queue = c.queue
-    WHERE CASE WHEN c.configured = 1 THEN c.rate ELSE d.rate END IS NULL
-      AND COALESCE(CASE WHEN c.configured = 1 THEN c.ordered ELSE d.ordered END, 0) = 0
 ) AS f
 WHERE f.most IS NOT NULL
 """

@@ -7,7 +7,7 @@ parses them in C, where the driver's array encoder would spend about a microseco
 per element.
 """
 
-from . import fair_kind, fair_turn
+from . import fair_kind, fair_turn, passing_limit
 
 # ---- publishing ------------------------------------------------------------------------------
 
@@ -384,14 +384,11 @@ SETTLE_PASSING = SETTLE.rsplit("SELECT id FROM archived", 1)[0] + """, landed AS
 ), room AS (
     SELECT f.channel, LEAST(f.n, lim.most - lim.running + f.n) AS n
     FROM freed AS f CROSS JOIN LATERAL (
-        SELECT CASE WHEN c.configured = 1 THEN c.max_concurrency ELSE d.max_concurrency END
-                   AS most,
+        SELECT """ + passing_limit() + """ AS most,
                (SELECT count(*) FROM {m} AS r
                 WHERE r.channel = f.channel AND r.state = 'PROCESSING') AS running
         FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
         WHERE c.name = f.channel
-          AND CASE WHEN c.configured = 1 THEN c.rate ELSE d.rate END IS NULL
-          AND COALESCE(CASE WHEN c.configured = 1 THEN c.ordered ELSE d.ordered END, 0) = 0
     ) AS lim
     WHERE lim.most IS NOT NULL
 ), ready AS (
