@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,6 +46,18 @@ async def consume_past(broker: Broker, queue: str, seconds: float) -> None:
         for d in await engine.acquire([queue], 10, 30.0):
             assert d.payload == b"filler", d
         await asyncio.sleep(0.02)
+
+
+async def consume_until(broker: Broker, queue: str, done: Callable[[], bool],
+                        message: str) -> None:
+    """Publish and acquire messages of ``queue`` until ``done()``: a sweep is started by an
+    acquire ``MARGIN`` after the floors were set, so a fixed time of consuming can pass
+    without one when the machine is loaded (one or two acquires in 0.6 s)."""
+    async def consumed() -> bool:
+        await consume_past(broker, queue, MARGIN / 4)
+        return done()
+
+    await wait_until(consumed, message=message)
 
 
 async def take(broker: Broker, queue: str, body: str, timeout: float = 10.0) -> Any:
@@ -138,13 +151,16 @@ async def test_a_failing_sweep_is_logged_once_and_runs_again(
     quick_floors(broker)
     statement = engine._sweep_below
     engine._sweep_below = statement.replace(broker.schema.message.name, "no_such_table")
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "sweep below the acquire floors" in r.message]
+
     with caplog.at_level(logging.WARNING, logger="sqlmq"):
-        await consume_past(broker, "jobs", 3 * MARGIN)
+        await consume_until(broker, "jobs", lambda: bool(failures()), "a failed sweep logged")
         await broker.publish("jobs", "overdue", at=datetime.now(UTC) - timedelta(hours=1))
         await consume_past(broker, "jobs", 3 * MARGIN)
-        failures = [r for r in caplog.records if "sweep below the acquire floors" in r.message]
-        assert len(failures) == 1, caplog.text
-        assert "no_such_table" in failures[0].message and failures[0].exc_info is None
+        logged = failures()
+        assert len(logged) == 1, caplog.text
+        assert "no_such_table" in logged[0].message and logged[0].exc_info is None
         engine._sweep_below = statement
         await take(broker, "jobs", "overdue")
     assert "the sweep below the acquire floors recovered after" in caplog.text
@@ -162,10 +178,14 @@ async def test_a_sweep_failing_with_anything_but_a_database_error_logs_its_trace
         raise RuntimeError("a bug in the sweep")
 
     engine._sweep = broken  # type: ignore[method-assign]
+
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "sweep below the acquire floors" in r.message]
+
     with caplog.at_level(logging.WARNING, logger="sqlmq"):
-        await consume_past(broker, "jobs", 3 * MARGIN)
-    failures = [r for r in caplog.records if "sweep below the acquire floors" in r.message]
-    assert failures and failures[0].exc_info is not None, caplog.text
+        await consume_until(broker, "jobs", lambda: bool(failures()), "a failed sweep logged")
+    logged = failures()
+    assert logged and logged[0].exc_info is not None, caplog.text
     assert "a bug in the sweep" in caplog.text
 
 
@@ -176,11 +196,14 @@ async def test_closing_the_engine_stops_a_sweep_under_way(broker: Broker) -> Non
     quick_floors(broker)
     engine._sweep_below = ("SELECT 0, CAST(NULL AS FLOAT8) FROM (SELECT pg_sleep(60), "
                            "CAST($1 AS TEXT), CAST($2 AS INTEGER[]), CAST($3 AS FLOAT8[])) AS x")
-    await consume_past(broker, "jobs", 3 * MARGIN)
-    sweeping = [t for t in asyncio.all_tasks() if "sweep below floors" in t.get_name()]
-    assert sweeping
+
+    def sweeping() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if "sweep below floors" in t.get_name()]
+
+    await consume_until(broker, "jobs", lambda: bool(sweeping()), "a sweep under way")
+    swept = sweeping()
     await asyncio.wait_for(broker.close(), 10)
-    assert all(t.done() for t in sweeping)
+    assert all(t.done() for t in swept)
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql"])
