@@ -1,55 +1,99 @@
-"""sqlmq: a message broker that lives in your relational database."""
+"""sqlmq: a message broker that lives in your relational database.
 
-from .broker import Broker
-from .channels import ChannelInfo, ChannelSettings
-from .codec import decode, encode
-from .connect import safe_url
-from .dead_letters import DeadLetter
-from .engines import Engine, engine_for
-from .errors import (
-    AlreadySettled,
-    ChannelFull,
-    ConfigurationError,
-    ConnectTimeout,
-    DecodeError,
-    EncodeError,
-    HandlerSignatureError,
-    PayloadTooLarge,
-    PipelineError,
-    PublishError,
-    PublishOutcomeUnknown,
-    SchemaError,
-    SqlmqError,
-    UnknownGroup,
+The names below are imported on first use (PEP 562): a Spark worker that imports
+``sqlmq.spark`` to read a queue loads neither the broker nor SQLAlchemy's asyncio and ORM
+modules (about a second of CPU for each such worker on a small machine).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .channels import ChannelInfo, ChannelSettings
+    from .codec import decode, encode
+    from .connect import safe_url
+    from .dead_letters import DeadLetter
+    from .engines import Engine, engine_for
+    from .errors import (
+        AlreadySettled,
+        ChannelFull,
+        ConfigurationError,
+        ConnectTimeout,
+        DecodeError,
+        EncodeError,
+        HandlerSignatureError,
+        PayloadTooLarge,
+        PipelineError,
+        PublishError,
+        PublishOutcomeUnknown,
+        SchemaError,
+        SqlmqError,
+        UnknownGroup,
+    )
+    from .insights import ArchivePage, Insights, Latency, QueueDetail, QueueOverview
+    from .lifecycle import AckPolicy, Archive, Outcome, State
+    from .maintenance.retention import Retention
+    from .message import Message
+    from .metrics import PrometheusMetrics, serve_metrics
+    from .middleware import CallNext, Middleware, MiddlewareError, PublishBatch, Settled
+    from .records import (
+        Cancellation,
+        Delivery,
+        PausedQueue,
+        Published,
+        QueueStats,
+        Settlement,
+        WorkerInfo,
+    )
+    from .retry import Retry, RetryStrategy
+    from .schedules import Cadence, Schedule, ScheduleInfo
+    from .schema import SCHEMA_VERSION, Schema, archive_table, build_schema, message_table, metadata
+    from .topics import TopicGroup, group_queue
+    from .tracing import TracingMiddleware
+    from .views import ArchiveQuery, MessageView, WindowCount
+
+
+#: Where the names of ``__all__`` come from, searched in this order on first use.
+_MODULES = (
+    ".channels",
+    ".codec",
+    ".connect",
+    ".dead_letters",
+    ".engines",
+    ".errors",
+    ".insights",
+    ".lifecycle",
+    ".maintenance.retention",
+    ".message",
+    ".metrics",
+    ".middleware",
+    ".records",
+    ".retry",
+    ".schedules",
+    ".schema",
+    ".topics",
+    ".tracing",
+    ".views",
+    ".broker",  # last: it imports most of the names above from where they live
 )
-from .insights import ArchivePage, Insights, Latency, QueueDetail, QueueOverview
-from .lifecycle import AckPolicy, Archive, Outcome, State
-from .maintenance.retention import Retention
-from .message import Message
-from .metrics import PrometheusMetrics, serve_metrics
-from .middleware import CallNext, Middleware, MiddlewareError, PublishBatch, Settled
-from .records import (
-    Cancellation,
-    Delivery,
-    PausedQueue,
-    Published,
-    QueueStats,
-    Settlement,
-    WorkerInfo,
-)
-from .retry import Retry, RetryStrategy
-from .schedules import Cadence, Schedule, ScheduleInfo
-from .schema import (
-    SCHEMA_VERSION,
-    Schema,
-    archive_table,
-    build_schema,
-    message_table,
-    metadata,
-)
-from .topics import TopicGroup, group_queue
-from .tracing import TracingMiddleware
-from .views import ArchiveQuery, MessageView, WindowCount
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        for source in _MODULES:
+            module = import_module(source, __name__)
+            if hasattr(module, name):
+                value = globals()[name] = getattr(module, name)  # looked up once
+                return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -14,15 +14,17 @@ import re
 import shlex
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlencode
 
 from sqlalchemy import URL, event, make_url
 from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .errors import ConfigurationError, ConnectTimeout
+
+if TYPE_CHECKING:  # imported where used: the Spark workers need none of the asyncio side
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 # backend -> (async driver, sync driver)
 _DRIVERS = {
@@ -115,7 +117,7 @@ _SECRET_PARAMS = ("password", "passwd", "sslpassword", "secret", "token")
 def safe_url(url: str | URL | AsyncEngine | SyncEngine) -> str:
     """The URL with its password replaced by ``***``, in the user info and in the query
     (``?password=``); the one form of a URL that logs, errors and the CLI show."""
-    if isinstance(url, AsyncEngine | SyncEngine):
+    if not isinstance(url, str | URL):  # an AsyncEngine or a SyncEngine
         url = url.url
     if isinstance(url, str):
         try:
@@ -159,6 +161,8 @@ _SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"
 
 
 def create_async(url: URL) -> AsyncEngine:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     shown = safe_url(url)
     url = _with_charset(url)
     options = _engine_options(url)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import URL
 from sqlalchemy.engine import Engine as SyncEngine
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..connect import parse_url
 from ..errors import ConfigurationError
@@ -19,6 +18,8 @@ from ..schema import Schema
 from .contract import Engine, WakeSource
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from .base import SqlEngine
 
 #: The URL scheme of the in-memory engine.
@@ -47,6 +48,8 @@ def engine_for(target: str | URL | AsyncEngine | SyncEngine, schema: Schema) -> 
     ``Engine``, which then serves ``publish_sync`` only)."""
     if isinstance(target, str | URL):
         return engine_for_url(target, schema)
+    from sqlalchemy.ext.asyncio import AsyncEngine  # here: the Spark side never needs it
+
     if isinstance(target, AsyncEngine):
         if target.dialect.name == "sqlite":
             # SQLite needs sqlmq's connection set-up (WAL, BEGIN IMMEDIATE) to share work
