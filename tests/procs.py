@@ -1,20 +1,24 @@
 """Worker processes for the process-level tests, and the test-side helpers that drive them.
 
 A worker is a real OS process running ``asyncio.run(broker.run())``, the same path
-``sqlmq worker`` takes. It is configured through environment variables (so that
-``sqlmq worker tests.procs:broker`` and ``python -m tests.procs`` build the same broker) and
-appends the id of every message its handler finished to its own file, one line each,
-written at once. The files outlive the process, so a test can tell exactly which process
-handled what, even after a SIGTERM.
+``sqlmq worker`` takes, forked from a server that has sqlmq imported already (or started as
+a given command, such as ``sqlmq worker tests.procs:broker``). It is configured through
+environment variables (so that ``sqlmq worker tests.procs:broker``, ``python -m
+tests.procs`` and a forked worker build the same broker) and appends the id of every
+message its handler finished to its own file, one line each, written at once. The files
+outlive the process, so a test can tell exactly which process handled what, even after a
+SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import IO
 
@@ -121,25 +125,86 @@ def worker_env(
     }
 
 
+#: What the fork server imports once, so that a forked worker starts with it loaded (a new
+#: interpreter spent 2-3 s of CPU importing sqlmq and its drivers, on a busy 2-core machine).
+PRELOAD = ["tests.procs", "sqlmq.broker", "sqlalchemy.dialects.postgresql.asyncpg",
+           "sqlalchemy.dialects.mysql.asyncmy", "sqlalchemy.dialects.sqlite.aiosqlite",
+           "asyncpg", "asyncmy", "aiosqlite"]
+
+
+class ForkedWorker:
+    """A worker process forked from the fork server, with the part of ``Popen`` the tests
+    use (a worker given its own ``command`` is a ``Popen``)."""
+
+    def __init__(self, process: BaseProcess) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int:
+        assert self._process.pid is not None
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode  # negative: the signal that ended it, as Popen's
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
+        return self._process.exitcode
+
+
+Worker = ForkedWorker | subprocess.Popen[bytes]
+
+
+def _forked_main(env: dict[str, str], log: str) -> None:
+    """A forked worker: its output to ``log``, configured from ``env`` as ``python -m
+    tests.procs`` is from its environment."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.update(env)
+    global broker
+    broker = _broker_from_env()
+    asyncio.run(_main())
+
+
 def spawn_worker(
     url: str, prefix: str, queue: str, out: Path, sleep: float = 0.0, lease: float = 30.0,
     command: list[str] | None = None, group: str | None = None, every: float | None = None,
     catch_up: str = "latest", heartbeat: float = 5.0,
-) -> subprocess.Popen[bytes]:
-    """Start a worker process; its stderr goes to ``out`` + ``.log`` for post-mortems."""
-    log = open(out.with_name(out.name + ".log"), "ab")
-    try:
-        return subprocess.Popen(
-            command or [sys.executable, "-m", "tests.procs"],
-            cwd=ROOT, env=worker_env(url, prefix, queue, out, sleep, lease, group, every,
-                                     catch_up, heartbeat),
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-    finally:
-        log.close()
+) -> Worker:
+    """Start a worker process, forked from a server that has sqlmq imported, or running
+    ``command`` (``sqlmq worker tests.procs:broker``); its output goes to ``out`` + ``.log``
+    for post-mortems."""
+    env = worker_env(url, prefix, queue, out, sleep, lease, group, every, catch_up, heartbeat)
+    log = out.with_name(out.name + ".log")
+    if command is None:
+        forks = multiprocessing.get_context("forkserver")
+        # Each child re-runs the parent's main script: under pytest, that imports pytest.
+        forks.set_forkserver_preload(PRELOAD + (["pytest"] if "pytest" in sys.modules else []))
+        # daemon: one a test left running is stopped when the test process exits, instead
+        # of that exit waiting for it
+        process = forks.Process(target=_forked_main, args=(env, str(log)), daemon=True)
+        process.start()
+        return ForkedWorker(process)
+    with open(log, "ab") as sink:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT)
 
 
-def terminate(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+def terminate(proc: Worker, timeout: float = 60.0) -> int:
     """SIGTERM and wait; SIGKILL (and report -9) only if it does not exit in time."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
