@@ -1,16 +1,16 @@
 """A PySpark worker daemon with sqlmq imported before it forks (opt-in, for speed).
 
-Spark starts Python workers by forking them from a daemon process, one daemon per kind of
-worker (tasks, and each step of a Python data source: create, plan, write, commit). The
-stock daemon has only PySpark imported, so every forked worker that touches the ``sqlmq``
-data source imports sqlmq and SQLAlchemy itself: 1-3 s of CPU per worker on a small
-machine, paid again for each worker that is not reused (a failed planning step is not).
-This daemon imports them once, before forking::
+Spark starts its task workers by forking them from a daemon process. The stock daemon has
+only PySpark imported, so each forked worker that reads or writes the ``sqlmq`` format
+imports sqlmq and SQLAlchemy itself: 1-3 s of CPU per worker on a small machine. This
+daemon imports them once, before it forks::
 
     SparkSession.builder.config("spark.python.daemon.module", "sqlmq.spark.daemon")
 
-The streaming source's runner is started as a fresh interpreter, not forked, and still
-imports sqlmq itself.
+Spark forks the data source's planning steps (create, plan, write, commit) from its own
+daemon whatever this setting says, and starts the streaming source's runner as a new
+interpreter: those still import sqlmq themselves (the package root imports its names on
+first use, which keeps that import to what the Spark side needs).
 """
 
 from __future__ import annotations
