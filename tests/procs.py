@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import IO
@@ -125,11 +126,23 @@ def worker_env(
     }
 
 
-#: What the fork server imports once, so that a forked worker starts with it loaded (a new
-#: interpreter spent 2-3 s of CPU importing sqlmq and its drivers, on a busy 2-core machine).
-PRELOAD = ["tests.procs", "sqlmq.broker", "sqlalchemy.dialects.postgresql.asyncpg",
-           "sqlalchemy.dialects.mysql.asyncmy", "sqlalchemy.dialects.sqlite.aiosqlite",
+#: What the tests' fork server imports once, so that a forked process starts with it loaded
+#: (a new interpreter spent 2-3 s of CPU importing sqlmq and its drivers, on a busy 2-core
+#: machine). multiprocessing keeps one fork server per test process, started by whichever
+#: test forks first, so every user's modules are in this one list.
+PRELOAD = ["tests.procs", "tests.faults.harness", "sqlmq.broker",
+           "sqlalchemy.dialects.postgresql.asyncpg", "sqlalchemy.dialects.mysql.asyncmy",
+           "sqlalchemy.dialects.sqlite.aiosqlite", "sqlalchemy.dialects.sqlite.pysqlite",
            "asyncpg", "asyncmy", "aiosqlite"]
+
+
+def fork_server() -> ForkServerContext:
+    """multiprocessing's fork-server context, preloading :data:`PRELOAD`. Each child re-runs
+    the parent's main script: under pytest that imports pytest, a second of CPU for each
+    child unless the server has it already."""
+    forks = multiprocessing.get_context("forkserver")
+    forks.set_forkserver_preload(PRELOAD + (["pytest"] if "pytest" in sys.modules else []))
+    return forks
 
 
 class ForkedWorker:
@@ -191,12 +204,10 @@ def spawn_worker(
     env = worker_env(url, prefix, queue, out, sleep, lease, group, every, catch_up, heartbeat)
     log = out.with_name(out.name + ".log")
     if command is None:
-        forks = multiprocessing.get_context("forkserver")
-        # Each child re-runs the parent's main script: under pytest, that imports pytest.
-        forks.set_forkserver_preload(PRELOAD + (["pytest"] if "pytest" in sys.modules else []))
         # daemon: one a test left running is stopped when the test process exits, instead
         # of that exit waiting for it
-        process = forks.Process(target=_forked_main, args=(env, str(log)), daemon=True)
+        process = fork_server().Process(target=_forked_main, args=(env, str(log)),
+                                        daemon=True)
         process.start()
         return ForkedWorker(process)
     with open(log, "ab") as sink:

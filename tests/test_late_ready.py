@@ -60,6 +60,11 @@ async def consume_until(broker: Broker, queue: str, done: Callable[[], bool],
     await wait_until(consumed, message=message)
 
 
+def sweep_failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The lines logged for failed sweeps."""
+    return [r for r in caplog.records if "sweep below the acquire floors" in r.message]
+
+
 async def take(broker: Broker, queue: str, body: str, timeout: float = 10.0) -> Any:
     """Acquire ``queue`` until the message with ``body`` comes (others are dropped)."""
     found: list[Any] = []
@@ -151,14 +156,12 @@ async def test_a_failing_sweep_is_logged_once_and_runs_again(
     quick_floors(broker)
     statement = engine._sweep_below
     engine._sweep_below = statement.replace(broker.schema.message.name, "no_such_table")
-    def failures() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if "sweep below the acquire floors" in r.message]
-
     with caplog.at_level(logging.WARNING, logger="sqlmq"):
-        await consume_until(broker, "jobs", lambda: bool(failures()), "a failed sweep logged")
+        await consume_until(broker, "jobs", lambda: bool(sweep_failures(caplog)),
+                            "a failed sweep logged")
         await broker.publish("jobs", "overdue", at=datetime.now(UTC) - timedelta(hours=1))
         await consume_past(broker, "jobs", 3 * MARGIN)
-        logged = failures()
+        logged = sweep_failures(caplog)
         assert len(logged) == 1, caplog.text
         assert "no_such_table" in logged[0].message and logged[0].exc_info is None
         engine._sweep_below = statement
@@ -178,13 +181,10 @@ async def test_a_sweep_failing_with_anything_but_a_database_error_logs_its_trace
         raise RuntimeError("a bug in the sweep")
 
     engine._sweep = broken  # type: ignore[method-assign]
-
-    def failures() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if "sweep below the acquire floors" in r.message]
-
     with caplog.at_level(logging.WARNING, logger="sqlmq"):
-        await consume_until(broker, "jobs", lambda: bool(failures()), "a failed sweep logged")
-    logged = failures()
+        await consume_until(broker, "jobs", lambda: bool(sweep_failures(caplog)),
+                            "a failed sweep logged")
+    logged = sweep_failures(caplog)
     assert logged and logged[0].exc_info is not None, caplog.text
     assert "a bug in the sweep" in caplog.text
 

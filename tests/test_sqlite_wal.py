@@ -10,11 +10,12 @@ so it takes many rounds to lose it reliably (about one round in twenty lost it b
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .procs import fork_server
 
 ROUNDS = 60
 PROCESSES = 8
@@ -57,11 +58,7 @@ def _opener(use_async: bool, tasks: Any, barrier: Any, results: Any) -> None:
 def test_processes_opening_a_new_file_at_once_all_connect_in_wal_mode(
     tmp_path: Path, driver: str
 ) -> None:
-    ctx = multiprocessing.get_context("forkserver")
-    # Each child re-imports the parent's main module (pytest here): preload it with the rest.
-    ctx.set_forkserver_preload(["pytest", "sqlmq", "tests.test_sqlite_wal", "aiosqlite",
-                                "sqlalchemy.dialects.sqlite.aiosqlite",
-                                "sqlalchemy.dialects.sqlite.pysqlite"])
+    ctx = fork_server()
     barrier, results = ctx.Barrier(PROCESSES), ctx.Queue()
     tasks = [ctx.Queue() for _ in range(PROCESSES)]
     procs = [ctx.Process(target=_opener, args=(driver == "aiosqlite", t, barrier, results),

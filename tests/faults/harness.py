@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import os
 import random
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -48,11 +46,7 @@ from sqlmq.connect import parse_url, sync_url
 from sqlmq.schema import UTCDateTime
 from sqlmq.sqltime import db_now_plus
 
-PRELOAD = [
-    "sqlmq", "tests.faults.harness", "sqlalchemy.dialects.postgresql.asyncpg",
-    "sqlalchemy.dialects.mysql.asyncmy", "sqlalchemy.dialects.sqlite.aiosqlite",
-    "asyncpg", "asyncmy", "aiosqlite",
-]
+from ..procs import fork_server
 
 
 @dataclass(frozen=True)
@@ -182,10 +176,7 @@ class WorkerPool:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self._ctx = multiprocessing.get_context("forkserver")
-        # Each child re-runs the parent's main script; under pytest that imports pytest,
-        # which costs a fresh process a second of CPU unless the fork server has it already.
-        self._ctx.set_forkserver_preload(PRELOAD + (["pytest"] if "pytest" in sys.modules else []))
+        self._ctx = fork_server()
         self.live: list[BaseProcess] = []
         self.kills = 0
         self.deaths = 0  # exits nobody asked for (crashes)
