@@ -165,6 +165,125 @@ async def test_rolled_back_publish_sends_no_wake_up(broker: Broker) -> None:
     assert handled == []
 
 
+async def _publish_overlapping(broker: Broker, db_url: str, prefix: str,
+                               handled: list[int]) -> tuple[Broker, int]:
+    """With ``broker`` subscribed, listening and idle, publish from another broker while,
+    as far as its engine knows, another publish of it is sending its NOTIFY (claimed, never
+    sent): the publish goes without and is owed a NOTIFY after its commit
+    (sqlmq.engines.pg_wakes). Returns the publisher, to close, and the message's id."""
+    await _start_listening(broker, handled)
+    await asyncio.sleep(IDLE)
+    publisher = Broker(db_url, table_prefix=prefix)
+    wakes = publisher.engine.wakes  # type: ignore[attr-defined]
+    assert wakes.claim()
+    try:
+        return publisher, await publisher.publish("wake", "overlapping")
+    except BaseException:
+        await publisher.close()
+        raise
+    finally:
+        wakes.release()
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_a_publish_overlapping_a_notifying_one_is_woken_after_its_commit(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    """The idle subscriber in another broker can only have been woken by the NOTIFY sent
+    after the overlapping publish's commit."""
+    handled: list[int] = []
+    publisher, msg_id = await _publish_overlapping(broker, db_url, prefix, handled)
+    try:
+        await wait_until(lambda: handled == [msg_id], timeout=SOON,
+                         message="the delivery woken after the commit")
+        assert publisher.engine.wakes.sent == 1  # type: ignore[attr-defined]
+    finally:
+        await publisher.close()
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_overlapping_publishes_notify_one_at_a_time_and_all_are_woken(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    """Fifty publishes at once: never more than one of them sends a NOTIFY in its own
+    statement at a time (notifying commits queue for one lock), and every message reaches
+    a subscriber in another broker."""
+    handled: list[int] = []
+    await _start_listening(broker, handled)
+
+    publisher = Broker(db_url, table_prefix=prefix)
+    engine = publisher.engine
+    fetch = engine._fetch  # type: ignore[attr-defined]
+    notifying, most = [0], [0]
+
+    async def counted(statement: str, *args: object, **kwargs: object) -> object:
+        inline = "INSERT" in statement and "pg_notify" in statement
+        notifying[0] += inline
+        most[0] = max(most[0], notifying[0])
+        try:
+            return await fetch(statement, *args, **kwargs)
+        finally:
+            notifying[0] -= inline
+
+    engine._fetch = counted  # type: ignore[attr-defined]
+    try:
+        ids = await asyncio.gather(*(publisher.publish("wake", str(i)) for i in range(50)))
+        await wait_until(lambda: sorted(handled) == sorted(ids), message="all 50 deliveries")
+        assert most[0] == 1
+        assert engine.wakes.sent >= 1  # type: ignore[attr-defined]
+    finally:
+        await publisher.close()
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_a_failed_wake_up_is_logged_and_the_next_one_is_sent(
+    broker: Broker, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The NOTIFY sent after overlapping publishes fails once: a warning names the queue,
+    the message is still there (a poll finds it), and the next one goes out and says so."""
+    handled: list[int] = []
+    _subscribe(broker, handled)
+    publisher = Broker(db_url, table_prefix=prefix)
+    engine = publisher.engine
+    fetch = engine._fetch  # type: ignore[attr-defined]
+    failures = [1]
+
+    async def failing_once(statement: str, *args: object, **kwargs: object) -> object:
+        if "unnest" in statement and "pg_notify" in statement and failures[0]:
+            failures[0] -= 1
+            raise ConnectionResetError("the server went away")
+        return await fetch(statement, *args, **kwargs)
+
+    engine._fetch = failing_once  # type: ignore[attr-defined]
+    wakes = engine.wakes  # type: ignore[attr-defined]
+    try:
+        assert wakes.claim()
+        first = await publisher.publish("wake", "its NOTIFY fails")
+        await wait_until(lambda: "the NOTIFY waking subscribers of 'wake' failed" in caplog.text,
+                         message="the warning")
+        second = await publisher.publish("wake", "its NOTIFY goes out")
+        await wait_until(lambda: wakes.sent == 1, message="the next NOTIFY")
+        assert "works again, after 1 failed" in caplog.text
+        await broker.start()  # its first acquire finds both
+        await wait_until(lambda: sorted(handled) == [first, second], message="both deliveries")
+    finally:
+        wakes.release()
+        await publisher.close()
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_closing_sends_the_wake_ups_still_owed(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    handled: list[int] = []
+    publisher, msg_id = await _publish_overlapping(broker, db_url, prefix, handled)
+    await publisher.close()  # at once: the NOTIFY is still owed
+
+    assert publisher.engine.wakes.sent == 1  # type: ignore[attr-defined]
+    await wait_until(lambda: handled == [msg_id], timeout=SOON,
+                     message="the delivery woken by the NOTIFY sent while closing")
+
+
 _PUBLISH_ON_CUE = """
 import asyncio, sys
 from sqlmq import Broker

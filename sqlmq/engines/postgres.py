@@ -1,6 +1,7 @@
 """PostgreSQL: acquire and settle are one statement each (CTEs, arrays via ``unnest``); a
 publish is one statement (or a binary COPY from ``PG_COPY_MIN`` rows) that also sends the
-NOTIFY waking consumers in other processes. The statements are in
+NOTIFY waking consumers in other processes, or, overlapping another publish, leaves it to one
+sent after its commit (:mod:`.pg_wakes`). The statements are in
 :mod:`sqlmq.engines.sql.postgresql`.
 
 The hot path (acquire, settle, publish) goes straight to asyncpg on kept connections:
@@ -40,6 +41,7 @@ from .pg_errors import connection_lost, deadlock_detected, from_driver, never_se
 from .pg_floors import ReadyFloors
 from .pg_notify import DeadLetterListener, Listener, channel_for, dead_letter_channel
 from .pg_publish import PG_COPY_COLUMNS, PG_COPY_MIN, insert_args, pg_copy_args, pg_copy_data
+from .pg_wakes import PublishWakes
 from .rows import (
     BatchHeaders,
     BatchTimes,
@@ -236,6 +238,10 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         self._settle_passing = render(sql.SETTLE_PASSING, names)
         self._insert = render(sql.INSERT, names)
         self._insert_at = render(sql.INSERT_AT, names)
+        self._insert_quiet = render(sql.INSERT_QUIET, names)
+        self._insert_at_quiet = render(sql.INSERT_AT_QUIET, names)
+        #: Overlapping publishes' wake-ups, sent after their commits (see :mod:`.pg_wakes`).
+        self.wakes = PublishWakes(lambda queues: self._fetch(sql.WAKE, self.channel, queues))
         self._extend = render(sql.EXTEND, names)
         self._recover = render(sql.RECOVER_EXPIRED, names)
         #: The INSERT statements in the style of each caller's driver met (the outbox).
@@ -250,7 +256,9 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         a busy publisher shares with its subscribers); from ``PG_COPY_MIN`` messages on, by
         binary COPY, which costs both sides less per row (see :mod:`.pg_publish`). With
         ``executor``, the same statement in the caller's transaction, on the caller's driver
-        (asyncpg, or psycopg's ``%s``: see :meth:`_on_callers_driver`).
+        (asyncpg, or psycopg's ``%s``: see :meth:`_on_callers_driver`). A publish on sqlmq's
+        connection while another one is sending its NOTIFY goes without and is woken after
+        its commit (:mod:`.pg_wakes`: notifying commits cannot share a WAL flush).
 
         A connection lost before the publish reached the server, or before its COMMIT was
         sent, wrote nothing: the publish runs again on another connection. Lost after that,
@@ -268,8 +276,17 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
             ids = await self._copy(messages, self.channel)
             if ids is not None:
                 return ids
-        rows = await self._fetch(statement, *insert_args(self.channel, messages),
-                                 unknown=lambda exc: _publish_unknown(messages, exc))
+        if not self.wakes.claim():  # another publish is notifying: this one's NOTIFY waits
+            statement = self._insert_quiet if messages.at is None else self._insert_at_quiet
+            rows = await self._fetch(statement, *insert_args(self.channel, messages),
+                                     unknown=lambda exc: _publish_unknown(messages, exc))
+            self.wakes.wake(messages.queue)
+            return list(rows[0][0])
+        try:
+            rows = await self._fetch(statement, *insert_args(self.channel, messages),
+                                     unknown=lambda exc: _publish_unknown(messages, exc))
+        finally:
+            self.wakes.release()
         return list(rows[0][0])
 
     def publish_sync(self, messages: NewMessages,
@@ -376,6 +393,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         return await self._fetch(self._sweep_below, queue, levels, floors, index_plans=True)
 
     async def close(self) -> None:
+        await self.wakes.close()
         await self.floors.close()
         await super().close()
 

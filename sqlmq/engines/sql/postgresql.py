@@ -13,18 +13,21 @@ from . import fair_kind, fair_turn, passing_limit
 
 # Publish a batch to one queue, due after $6 seconds: one statement, one round trip. The
 # NOTIFY rides in the same statement, so it fires when (and only if) the transaction commits,
-# on sqlmq's connection or the caller's. Headers go once per distinct set ($2, parsed to
-# JSONB once) with each row's 1-based index into them ($3): parsing the JSON again for every
-# row was a large part of the server's time. Returns one row: every new id, sorted.
+# on sqlmq's connection or the caller's (INSERT_QUIET, below, leaves it out). Headers go
+# once per distinct set ($2, parsed to JSONB once) with each row's 1-based index into them
+# ($3): parsing the JSON again for every row was a large part of the server's time. Returns
+# one row: every new id, sorted.
 # $1 queue, $2 header sets, $3 keys, $4 payloads (bytea array literal), $5 channel, $6 delay,
 # $7 priority, $8 the moment it expires, else $9 seconds from now until it does (both NULL:
 # never).
-INSERT = """
+def _insert(due: str, woken: str) -> str:
+    """The publishing INSERT, with the rows due at ``due``; ``woken``: what the statement's
+    ``woken`` CTE selects (the NOTIFY, or only the channel, unused)."""
+    return f"""
 WITH inserted AS (
-    INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
+    INSERT INTO {{m}} (queue, headers, payload, state, attempts_count, deliveries_count,
                      created_at, next_attempt_at, priority, expires_at)
-    SELECT $1, (h.hs)[u.k], u.p, 'PENDING', 0, 0, now(),
-           (now() + CAST($6 AS DOUBLE PRECISION) * INTERVAL '1 second'), CAST($7 AS INTEGER),
+    SELECT $1, (h.hs)[u.k], u.p, 'PENDING', 0, 0, now(), {due}, CAST($7 AS INTEGER),
            COALESCE(CAST($8 AS TIMESTAMPTZ),
                     now() + CAST($9 AS DOUBLE PRECISION) * INTERVAL '1 second')
     FROM CAST(CAST(CAST($2 AS TEXT) AS TEXT[]) AS JSONB[]) AS h(hs),
@@ -32,27 +35,30 @@ WITH inserted AS (
         WITH ORDINALITY AS u(k, p, n)
     ORDER BY u.n
     RETURNING id
-), woken AS MATERIALIZED (SELECT pg_notify($5, $1))
+), woken AS MATERIALIZED (SELECT {woken})
 SELECT array_agg(inserted.id ORDER BY inserted.id) FROM inserted, woken
 """
 
+
+_AFTER_DELAY = "(now() + CAST($6 AS DOUBLE PRECISION) * INTERVAL '1 second')"
+_NOTIFY = "pg_notify($5, $1)"
+# Without the NOTIFY (see sqlmq.engines.pg_wakes): $5 is still named, so that both forms
+# take the same parameters (a parameter no statement names has no type to prepare with).
+_QUIET = "CAST($5 AS TEXT)"
+
+INSERT = _insert(_AFTER_DELAY, _NOTIFY)
+
 # The same, due at the moment $6 (a timestamptz) instead of after a delay.
-INSERT_AT = """
-WITH inserted AS (
-    INSERT INTO {m} (queue, headers, payload, state, attempts_count, deliveries_count,
-                     created_at, next_attempt_at, priority, expires_at)
-    SELECT $1, (h.hs)[u.k], u.p, 'PENDING', 0, 0, now(), CAST($6 AS TIMESTAMPTZ),
-           CAST($7 AS INTEGER),
-           COALESCE(CAST($8 AS TIMESTAMPTZ),
-                    now() + CAST($9 AS DOUBLE PRECISION) * INTERVAL '1 second')
-    FROM CAST(CAST(CAST($2 AS TEXT) AS TEXT[]) AS JSONB[]) AS h(hs),
-        unnest(CAST(CAST($3 AS TEXT) AS INTEGER[]), CAST(CAST($4 AS TEXT) AS BYTEA[]))
-        WITH ORDINALITY AS u(k, p, n)
-    ORDER BY u.n
-    RETURNING id
-), woken AS MATERIALIZED (SELECT pg_notify($5, $1))
-SELECT array_agg(inserted.id ORDER BY inserted.id) FROM inserted, woken
-"""
+INSERT_AT = _insert("CAST($6 AS TIMESTAMPTZ)", _NOTIFY)
+
+# INSERT and INSERT_AT without their NOTIFY: a publish that overlaps another of the same
+# process, whose wake-up is sent after its commit, with others (sqlmq.engines.pg_wakes).
+INSERT_QUIET = _insert(_AFTER_DELAY, _QUIET)
+INSERT_AT_QUIET = _insert("CAST($6 AS TIMESTAMPTZ)", _QUIET)
+
+# The wake-up of the quiet publishes to queues $2 (an array) on channel $1, in a transaction
+# of its own: one notification per queue.
+WAKE = "SELECT pg_notify($1, q) FROM unnest(CAST($2 AS TEXT[])) AS q"
 
 # The id column's sequence, from which a COPY reserves its ids. $1 the message table.
 COPY_SEQUENCE = "SELECT pg_get_serial_sequence($1, 'id')"
