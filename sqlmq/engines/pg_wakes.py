@@ -5,9 +5,9 @@ PostgreSQL serialises the commits of transactions that sent a NOTIFY: each takes
 notification queue's lock before writing its commit record and keeps it through the WAL
 flush, so such commits cannot share a flush (group commit) with one another. Measured here
 (16 connections, one INSERT per transaction, 5 s each): 16,000-23,000 commits/s without the
-NOTIFY, 5,500-5,900 with it. In ``bench.run held`` (two publishing processes at 1,000 msg/s
-each, a transaction held open meanwhile) the publish call went from 0.5 ms (p50) without
-NOTIFY to 20-25 ms with it, the publishers queueing for that lock.
+NOTIFY, 5,500-5,900 with it. Under ``bench.run held``'s load (two publishing processes at
+1,000 msg/s each, a transaction held open meanwhile) the publish call took 20-25 ms (p50)
+with the NOTIFY in every publish and 0.5 ms without, the publishers queueing for that lock.
 
 So a publish on sqlmq's own connection sends the NOTIFY in its own statement only while no
 other publish of the engine doing so is under way: a lone publish wakes subscribers as
