@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqlmq import Broker, Message
 from sqlmq.engines.pg_notify import Listener
+from sqlmq.engines.sql import postgresql as postgresql_sql
 
 from .conftest import wait_until
 from .procs import ROOT
@@ -237,30 +238,25 @@ async def test_overlapping_publishes_notify_one_at_a_time_and_all_are_woken(
 
 @pytest.mark.parametrize("db_kind", ["postgresql"])
 async def test_a_failed_wake_up_is_logged_and_the_next_one_is_sent(
-    broker: Broker, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    broker: Broker, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The NOTIFY sent after overlapping publishes fails once: a warning names the queue,
-    the message is still there (a poll finds it), and the next one goes out and says so."""
+    """The NOTIFY sent after overlapping publishes fails once (the server refuses it): a
+    warning names the queue, the message is still there (a poll finds it), the connection
+    it failed on is dropped, and the next one goes out and says so."""
     handled: list[int] = []
     _subscribe(broker, handled)
     publisher = Broker(db_url, table_prefix=prefix)
-    engine = publisher.engine
-    fetch = engine._fetch  # type: ignore[attr-defined]
-    failures = [1]
-
-    async def failing_once(statement: str, *args: object, **kwargs: object) -> object:
-        if "unnest" in statement and "pg_notify" in statement and failures[0]:
-            failures[0] -= 1
-            raise ConnectionResetError("the server went away")
-        return await fetch(statement, *args, **kwargs)
-
-    engine._fetch = failing_once  # type: ignore[attr-defined]
-    wakes = engine.wakes  # type: ignore[attr-defined]
+    wakes = publisher.engine.wakes  # type: ignore[attr-defined]
+    monkeypatch.setattr(postgresql_sql, "WAKE",
+                        postgresql_sql.WAKE + " WHERE CAST(q AS INTEGER) > 0")
     try:
         assert wakes.claim()
         first = await publisher.publish("wake", "its NOTIFY fails")
         await wait_until(lambda: "the NOTIFY waking subscribers of 'wake' failed" in caplog.text,
                          message="the warning")
+        assert "invalid input syntax" in caplog.text
+        monkeypatch.undo()
         second = await publisher.publish("wake", "its NOTIFY goes out")
         await wait_until(lambda: wakes.sent == 1, message="the next NOTIFY")
         assert "works again, after 1 failed" in caplog.text
@@ -269,6 +265,30 @@ async def test_a_failed_wake_up_is_logged_and_the_next_one_is_sent(
     finally:
         wakes.release()
         await publisher.close()
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_wake_ups_go_out_while_publishes_keep_every_connection_busy(
+    broker: Broker,
+) -> None:
+    """Sixty-four tasks publishing without pause keep all the connections the engine may
+    keep in use: the NOTIFY after them goes out on the connection a publish has just given
+    back, not after the publishing stops (checked out like a publish's, it waited behind
+    them: none went out in 4 s)."""
+    wakes = broker.engine.wakes  # type: ignore[attr-defined]
+    stop = asyncio.Event()
+
+    async def publishing() -> None:
+        while not stop.is_set():
+            await broker.publish("wake", "busy")
+
+    tasks = [asyncio.create_task(publishing()) for _ in range(64)]
+    try:
+        await wait_until(lambda: wakes.sent >= 3, message="NOTIFYs while publishing")
+        assert not any(t.done() for t in tasks)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql"])
