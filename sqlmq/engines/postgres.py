@@ -306,17 +306,17 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
             ids = await self._copy(messages, self.channel)
             if ids is not None:
                 return ids
-        if not self.wakes.claim():  # another publish is notifying: this one's NOTIFY waits
+        notifying = self.wakes.claim()
+        if not notifying:  # another publish is notifying: this one's NOTIFY waits
             statement = self._insert_quiet if messages.at is None else self._insert_at_quiet
-            rows = await self._fetch(statement, *insert_args(self.channel, messages),
-                                     unknown=lambda exc: _publish_unknown(messages, exc))
-            self.wakes.wake(messages.queue)
-            return list(rows[0][0])
         try:
             rows = await self._fetch(statement, *insert_args(self.channel, messages),
                                      unknown=lambda exc: _publish_unknown(messages, exc))
         finally:
-            self.wakes.release()
+            if notifying:
+                self.wakes.release()
+        if not notifying:
+            self.wakes.wake(messages.queue)
         return list(rows[0][0])
 
     def publish_sync(self, messages: NewMessages,

@@ -41,6 +41,7 @@ SELECT array_agg(inserted.id ORDER BY inserted.id) FROM inserted, woken
 
 
 _AFTER_DELAY = "(now() + CAST($6 AS DOUBLE PRECISION) * INTERVAL '1 second')"
+_AT_MOMENT = "CAST($6 AS TIMESTAMPTZ)"
 _NOTIFY = "pg_notify($5, $1)"
 # Without the NOTIFY (see sqlmq.engines.pg_wakes): $5 is still named, so that both forms
 # take the same parameters (a parameter no statement names has no type to prepare with).
@@ -49,12 +50,12 @@ _QUIET = "CAST($5 AS TEXT)"
 INSERT = _insert(_AFTER_DELAY, _NOTIFY)
 
 # The same, due at the moment $6 (a timestamptz) instead of after a delay.
-INSERT_AT = _insert("CAST($6 AS TIMESTAMPTZ)", _NOTIFY)
+INSERT_AT = _insert(_AT_MOMENT, _NOTIFY)
 
 # INSERT and INSERT_AT without their NOTIFY: a publish that overlaps another of the same
 # process, whose wake-up is sent after its commit, with others (sqlmq.engines.pg_wakes).
 INSERT_QUIET = _insert(_AFTER_DELAY, _QUIET)
-INSERT_AT_QUIET = _insert("CAST($6 AS TIMESTAMPTZ)", _QUIET)
+INSERT_AT_QUIET = _insert(_AT_MOMENT, _QUIET)
 
 # The wake-up of the quiet publishes to queues $2 (an array) on channel $1, in a transaction
 # of its own: one notification per queue.
