@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from sqlmq import Broker, Outcome, Settlement
-from sqlmq.engines.base import driver_connection
+from sqlmq.engines.kept_connections import driver_connection
 from sqlmq.engines.postgres import PostgresEngine
 from sqlmq.engines.sql import postgresql, render
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import event
@@ -13,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool, QueuePool
 
 from sqlmq import Broker
-from sqlmq.engines.base import keep_limit
+from sqlmq.engines.kept_connections import keep_limit
 
 from .conftest import rows
 
@@ -156,3 +157,75 @@ async def test_a_lost_kept_connection_hands_the_others_back_and_a_bad_statement_
     for i in range(3):
         await broker.publish("jobs", f"after {i}")
     assert len(await rows(broker)) == 15
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb", "postgresql"])
+async def test_more_publishers_than_the_pool_holds_are_served_in_turn(broker: Broker) -> None:
+    """40 tasks publishing without pause on a pool of at most 30 connections (15 on
+    SQLite): the kept connections pass from one finished publish to the next waiting one,
+    in the order they came, so none waits in the pool's queue while others publish again
+    (it did: a connection went back to the pool only when more were idle than the hot path
+    keeps, which never happened under load, and the waiter failed after 30 s)."""
+    done = [0] * 40
+    total = 40 * 15
+
+    async def publisher(i: int) -> None:
+        while sum(done) < total:
+            await broker.publish("jobs", str(i))
+            done[i] += 1
+
+    await asyncio.wait_for(asyncio.gather(*(publisher(i) for i in range(40))), 60)
+    assert min(done) >= 5, sorted(done)
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb", "postgresql"])
+async def test_a_publisher_that_gives_up_waiting_for_its_turn_costs_no_connection(
+    broker: Broker,
+) -> None:
+    """With the hot path allowed one connection (a pool of five), publishes cancelled while
+    they wait for it, or just as they are handed it or a place to open one, leave it to the
+    others, and the count of what the hot path holds stays true."""
+    engine = broker.engine
+    engine._hold_most = engine._keep_most = 1  # type: ignore[attr-defined]
+    wakes = getattr(engine, "wakes", None)  # PostgreSQL's NOTIFY after overlapping publishes
+    for round_ in range(6):
+        tasks = [asyncio.create_task(broker.publish("jobs", f"{round_}-{i}"))
+                 for i in range(12)]
+        for _ in range(round_):  # cancel at different moments
+            await asyncio.sleep(0)
+        for task in tasks[1::2]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if wakes is not None and wakes._task is not None:
+            await wakes._task
+        assert engine._held == len(engine._kept) == 1  # type: ignore[attr-defined]
+        assert not engine._turns  # type: ignore[attr-defined]
+        assert sum(1 for t in tasks if not t.cancelled()) >= 6
+    await asyncio.gather(*(broker.publish("jobs", "after") for _ in range(4)))
+    published = len(await rows(broker))
+    assert 36 + 4 <= published <= 72 + 4
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb", "postgresql"])
+async def test_a_turn_handed_to_a_caller_as_it_gives_up_goes_to_the_next(
+    broker: Broker,
+) -> None:
+    engine: Any = broker.engine
+    engine._hold_most = engine._keep_most = 1
+    first = await engine._checkout()
+    handed, after = (asyncio.create_task(engine._checkout()) for _ in range(2))
+    await asyncio.sleep(0)
+    await engine._checkin(first)  # to `handed`, which gives up before it runs
+    handed.cancel()
+    conn = await asyncio.wait_for(after, 5)
+    assert conn is first and engine._held == 1
+
+    placed = asyncio.create_task(engine._checkout())
+    await asyncio.sleep(0)
+    await engine._drop(conn)  # its place to `placed`, which gives up before it runs
+    placed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await placed
+    assert engine._held == 0 and not engine._turns
+    await broker.publish("jobs", "still fine")
+    assert engine._held == len(engine._kept) == 1

@@ -1,5 +1,5 @@
 """Shared plumbing of the SQL engines: the SQLAlchemy engines they run on (created from the
-URL on first use, or the caller's), kept connections for the hot path, the publish path
+URL on first use, or the caller's), the publish path
 through SQLAlchemy Core (MySQL and SQLite batches, and the caller's transaction there), the
 statements off the hot path written once in Core, and the decoding of acquired rows.
 
@@ -9,13 +9,10 @@ they talk to.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from functools import cached_property
 from typing import Any, NoReturn
 
 from sqlalchemy import URL, insert, literal
@@ -24,7 +21,6 @@ from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import Pool, QueuePool
 from sqlalchemy.sql import Executable
 
 from ..channels import Turns
@@ -46,6 +42,7 @@ from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sy
 from .core_schedules import ScheduleRegistry
 from .core_slots import SlotPassing
 from .core_topics import TopicGroups
+from .kept_connections import KeptConnections
 from .settle_onward import OnwardSettle
 from .sql import names_for
 
@@ -54,136 +51,6 @@ log = logging.getLogger("sqlmq")
 #: The outcomes that end a message (its row moves to the archive), and those that put it back.
 ARCHIVING = frozenset(o for o in Outcome if o.archives)
 RETURNING = frozenset(o for o in Outcome if not o.archives)
-
-class KeptConnections:
-    """Idle autocommit connections the hot path keeps checked out of the pool and reuses.
-
-    The pool's pre-ping costs a round trip per checkout (three on PostgreSQL), and a
-    transaction through SQLAlchemy one more for its COMMIT; the hot path's statements
-    commit themselves instead. As many are kept as the hot path has lately had in use at
-    once, up to the pool's capacity less :attr:`KEEP_RESERVE` (:func:`keep_limit`): with
-    four kept and a pool of ten, the 25 publishes a service had in flight at 2,000 msg/s
-    (each waiting about 12 ms for its commit) opened and closed 25 PostgreSQL sessions a
-    second, whose start-up cost the server more CPU than the publishes, which made them
-    slower, which put more in flight (in-process pickup p50 0.9 ms became 30-45 ms).
-
-    A connection left idle for ``KEEP_FOR`` seconds goes back to the pool, whose pre-ping
-    checks it before its next use (a server restart while it sat idle is then caught
-    there); so does every kept connection once one fails (:meth:`_discard`)."""
-
-    db: AsyncEngine
-
-    #: Pool connections left to the rest of the broker (its listener, recoveries, reports)
-    #: however many the hot path keeps.
-    KEEP_RESERVE = 4
-    #: Kept from a pool that does not say how many connections it allows (or allows any).
-    KEEP_UNBOUNDED = 4
-    KEEP_FOR = 10.0
-    #: Put the connections in autocommit; SQLite's are (see :mod:`sqlmq.connect`), and
-    #: SQLAlchemy would undo that recipe when resetting the level at check-in.
-    AUTOCOMMIT = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        #: (connection, idle since), oldest at the bottom: the newest is reused first, so
-        #: those at the bottom are the ones the load no longer needs.
-        self._kept: list[tuple[AsyncConnection, float]] = []
-        self._kept_closed = False
-
-    async def _checkout(self) -> AsyncConnection:
-        kept = self._kept
-        now = time.monotonic()
-        while kept:
-            conn, since = kept.pop()
-            if now - since < self.KEEP_FOR:
-                return conn
-            with contextlib.suppress(Exception):
-                await self._release(conn)
-        conn = await self.db.connect()
-        if self.AUTOCOMMIT:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-        return conn
-
-    async def _checkin(self, conn: AsyncConnection) -> None:
-        kept = self._kept
-        now = time.monotonic()
-        while kept and now - kept[0][1] >= self.KEEP_FOR:  # idle since the load fell
-            with contextlib.suppress(Exception):
-                await self._release(kept.pop(0)[0])
-        if self._kept_closed or len(kept) >= self._keep_most:
-            await self._release(conn)
-        else:
-            kept.append((conn, now))
-
-    @cached_property
-    def _keep_most(self) -> int:
-        """Read from the pool on first use: ``db`` is set after this class's ``__init__``."""
-        return keep_limit(self.db.pool, self.KEEP_RESERVE, self.KEEP_UNBOUNDED)
-
-    async def _discard(self, conn: AsyncConnection, exc: BaseException) -> None:
-        """Drop a connection whose call failed with ``exc``; if the connection was lost
-        (:meth:`_disconnection`), hand the kept ones back to the pool too. What ended one
-        (a server restart, a failover, a killed session) has often ended them all, and here
-        each would fail a call of its own, where the pool's pre-ping replaces it unseen.
-        Other errors (a missing table, a constraint) keep them: a caller repeating a bad
-        publish would otherwise open them all again each time."""
-        await discard(conn)
-        if isinstance(exc, Exception) and self._disconnection(exc):
-            await self._return_kept()
-
-    def _disconnection(self, exc: Exception) -> bool:
-        """Whether ``exc`` says the connection died: the dialect's own test."""
-        orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-        if isinstance(orig, OSError | TimeoutError):
-            return True
-        try:
-            return bool(self.db.dialect.is_disconnect(orig, None, None))
-        except Exception:  # a dialect that cannot judge a bare driver error
-            return False
-
-    async def _close_kept(self) -> None:
-        """Return the kept connections to the pool; later calls do not keep any."""
-        self._kept_closed = True
-        await self._return_kept()
-
-    async def _return_kept(self) -> None:
-        while self._kept:
-            with contextlib.suppress(Exception):
-                await self._release(self._kept.pop()[0])
-
-    async def _release(self, conn: AsyncConnection) -> None:
-        """Give a connection back to the pool, as the pool's other users expect it: an
-        engine that changed its session settings puts them back here."""
-        await conn.close()
-
-
-def keep_limit(pool: Pool, reserve: int, unbounded: int) -> int:
-    """How many idle connections :class:`KeptConnections` may keep out of ``pool``: its
-    capacity (size plus overflow) less ``reserve``, at least one; ``unbounded`` for a pool
-    with no limit or none it tells (``NullPool``, ``StaticPool``)."""
-    overflow = getattr(pool, "_max_overflow", -1)  # QueuePool's; it has no public reader
-    if not isinstance(pool, QueuePool) or not isinstance(overflow, int) or overflow < 0:
-        return unbounded
-    return max(1, pool.size() + overflow - reserve)
-
-
-async def driver_connection(conn: AsyncConnection) -> Any:
-    """The driver's own connection under ``conn``. ``get_raw_connection`` hops through a
-    greenlet (about 30 µs, paid by every hot-path statement); a connection that is open and
-    not invalidated already holds its driver connection, which is read without it."""
-    sync = conn.sync_connection
-    if sync is not None and not sync.closed and not sync.invalidated:
-        return sync.connection.driver_connection
-    return (await conn.get_raw_connection()).driver_connection
-
-
-async def discard(conn: AsyncConnection) -> None:
-    """Drop a connection that failed: never back into the pool as it is."""
-    with contextlib.suppress(Exception):
-        await conn.invalidate()
-    with contextlib.suppress(Exception):
-        await conn.close()
-
 
 class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, ControlStatements,
                 TopicGroups, ScheduleRegistry, ArchiveInsights, OperationStatements,

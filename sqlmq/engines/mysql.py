@@ -31,13 +31,8 @@ from ..channels import TURN_BITS
 from ..errors import SchemaError
 from ..records import Delivery, NewMessage, NewMessages, Settlement, expiry_from
 from ..schema import MAX_PRIORITY, MAX_QUEUE_NAME
-from .base import (
-    ARCHIVING,
-    RETURNING,
-    ArchiveAndStatsMixin,
-    SqlEngine,
-    driver_connection,
-)
+from .base import ARCHIVING, RETURNING, ArchiveAndStatsMixin, SqlEngine
+from .kept_connections import driver_connection
 from .rows import (
     BatchHeaders,
     BatchHeaderTexts,

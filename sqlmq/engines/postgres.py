@@ -29,13 +29,9 @@ from ..dead_letters import DeadLetterNotice
 from ..errors import PublishOutcomeUnknown
 from ..lifecycle import Outcome
 from ..records import Delivery, NewMessages, Settlement
-from .base import (
-    ArchiveAndStatsMixin,
-    SqlEngine,
-    discard,
-    driver_connection,
-)
+from .base import ArchiveAndStatsMixin, SqlEngine
 from .contract import DeadLetterSource, WakeSource
+from .kept_connections import discard, driver_connection
 from .paramstyles import DriverStatement, for_paramstyle
 from .pg_errors import connection_lost, deadlock_detected, from_driver, never_sent
 from .pg_floors import ReadyFloors
@@ -105,7 +101,7 @@ class PgConnections(SqlEngine):
                 raise self._translated(exc, stage[0]) from exc
             except BaseException:
                 if conn is not None:
-                    await discard(conn)
+                    await self._drop(conn)
                 raise
             if ids is None:
                 self._can_copy = False
@@ -173,7 +169,7 @@ class PgConnections(SqlEngine):
                 raise self._translated(exc, statement) from exc
             except BaseException:
                 if conn is not None:
-                    await discard(conn)
+                    await self._drop(conn)
                 raise
             await self._checkin(conn)
             return rows
@@ -240,7 +236,7 @@ class _KeptWakeLine:
 
     async def give_back(self, conn: AsyncConnection, dropped: bool) -> None:
         if dropped:
-            await discard(conn)
+            await self._engine._drop(conn)
         else:
             await self._engine._checkin(conn)
 

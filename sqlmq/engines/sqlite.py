@@ -24,13 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..connect import write_turn
 from ..records import Delivery, NewMessage, NewMessages, Settlement
-from .base import (
-    ARCHIVING,
-    RETURNING,
-    ArchiveAndStatsMixin,
-    SqlEngine,
-    driver_connection,
-)
+from .base import ARCHIVING, RETURNING, ArchiveAndStatsMixin, SqlEngine
+from .kept_connections import driver_connection
 from .rows import (
     BatchHeaders,
     BatchHeaderTexts,
