@@ -17,11 +17,9 @@ transaction of its own naming every queue asked for since the last one was sent,
 again for those asked for while it was under way. A process thus has at most two notifying
 transactions under way, whatever its publishing concurrency.
 
-The WAKE goes out on a connection taken, without waiting, from the engine's kept ones at
-the moment the first wake-up is owed (the one the quiet publish has just given back), and
-kept by the sender while more are owed. Checked out like a publish's, it waited behind the
-publishes whenever they kept every connection busy: with 64 publishing at once, none went out
-in 4 s of publishing.
+The WAKE goes out like any hot-path statement, on a kept connection: when publishes keep
+every one busy, it waits its turn among them, first come first served (see
+:mod:`.kept_connections`).
 
 A wake-up that fails is logged (once per run of failures) and dropped: the messages are
 committed, and subscribers find them by polling, as after any missed notification. The
@@ -33,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
 
 from ..backoff import describe, unexpected
 from ..tasks import cancel_and_wait
@@ -44,25 +42,12 @@ log = logging.getLogger("sqlmq")
 CLOSE_PATIENCE = 5.0
 
 
-class WakeLine(Protocol):
-    """What :class:`PublishWakes` sends on: the engine's kept connections."""
-
-    def lend(self) -> Any | None:
-        """A kept connection at once, or None (then :meth:`send` checks one out)."""
-
-    async def send(self, conn: Any | None, queues: list[str]) -> None:
-        """WAKE for ``queues`` on ``conn``; a connection that failed is dropped."""
-
-    async def give_back(self, conn: Any, dropped: bool) -> None:
-        """``conn`` back among the kept ones, or dropped (its state unknown)."""
-
-
 class PublishWakes:
     """One engine's notifying publishes under way, and the wake-ups owed to quiet ones.
     Plain state on the event loop."""
 
-    def __init__(self, line: WakeLine) -> None:
-        self._line = line
+    def __init__(self, send: Callable[[list[str]], Awaitable[object]]) -> None:
+        self._send = send  # WAKE for these queues
         self._notifying = 0  # publishes under way with the NOTIFY in their own statement
         self._owed: set[str] = set()  # queues of quiet publishes not yet woken
         self._task: asyncio.Task[None] | None = None
@@ -86,18 +71,16 @@ class PublishWakes:
         self._owed.add(queue)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
-                self._run(self._line.lend()), name="sqlmq wake-ups of overlapping publishes")
+                self._run(), name="sqlmq wake-ups of overlapping publishes")
 
-    async def _run(self, conn: Any | None) -> None:
-        dropped = False
+    async def _run(self) -> None:
         try:
             while self._owed:
                 queues = sorted(self._owed)
                 self._owed.clear()
                 try:
-                    await self._line.send(conn, queues)
+                    await self._send(queues)
                 except Exception as exc:  # not a cancellation: close() gives up that way
-                    conn = None  # dropped by send
                     if not self._failures:
                         log.warning(
                             "the NOTIFY waking subscribers of %s failed (%s); they find the "
@@ -110,13 +93,8 @@ class PublishWakes:
                         log.warning("the NOTIFY of overlapping publishes works again, after "
                                     "%d failed", self._failures)
                         self._failures = 0
-        except BaseException:  # cancelled, perhaps mid-statement
-            dropped = True
-            raise
         finally:
             self._task = None
-            if conn is not None:
-                await self._line.give_back(conn, dropped)
 
     async def close(self) -> None:
         """Send the wake-ups still owed (within :data:`CLOSE_PATIENCE`), before the engine

@@ -211,36 +211,6 @@ class PgConnections(SqlEngine):
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-class _KeptWakeLine:
-    """:class:`~.pg_wakes.PublishWakes` sends on the engine's kept connections: lent the
-    one a quiet publish has just given back, so the NOTIFY never queues behind publishes
-    for a connection."""
-
-    def __init__(self, engine: PgConnections, channel: str) -> None:
-        self._engine = engine
-        self._channel = channel
-
-    def lend(self) -> AsyncConnection | None:
-        kept = self._engine._kept
-        return kept.pop()[0] if kept else None  # the newest: given back just now
-
-    async def send(self, conn: AsyncConnection | None, queues: list[str]) -> None:
-        if conn is None:
-            await self._engine._fetch(sql.WAKE, self._channel, queues)
-            return
-        try:
-            await (await driver_connection(conn)).fetch(sql.WAKE, self._channel, queues)
-        except Exception as exc:
-            await self._engine._discard(conn, exc)
-            raise self._engine._translated(exc, sql.WAKE) from exc
-
-    async def give_back(self, conn: AsyncConnection, dropped: bool) -> None:
-        if dropped:
-            await self._engine._drop(conn)
-        else:
-            await self._engine._checkin(conn)
-
-
 class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
     """The contract on PostgreSQL."""
 
@@ -267,7 +237,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         self._insert_quiet = render(sql.INSERT_QUIET, names)
         self._insert_at_quiet = render(sql.INSERT_AT_QUIET, names)
         #: Overlapping publishes' wake-ups, sent after their commits (see :mod:`.pg_wakes`).
-        self.wakes = PublishWakes(_KeptWakeLine(self, self.channel))
+        self.wakes = PublishWakes(self._wake)
         self._extend = render(sql.EXTEND, names)
         self._recover = render(sql.RECOVER_EXPIRED, names)
         #: The INSERT statements in the style of each caller's driver met (the outbox).
@@ -314,6 +284,10 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         if not notifying:
             self.wakes.wake(messages.queue)
         return list(rows[0][0])
+
+    async def _wake(self, queues: list[str]) -> None:
+        """The NOTIFY owed to quiet publishes of ``queues`` (see :mod:`.pg_wakes`)."""
+        await self._fetch(sql.WAKE, self.channel, queues)
 
     def publish_sync(self, messages: NewMessages,
                      executor: Connection | Session | None = None) -> list[int]:
