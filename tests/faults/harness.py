@@ -40,6 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine as SyncEngine
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from sqlmq import Broker, Message, build_schema
 from sqlmq.connect import parse_url, sync_url
@@ -103,14 +104,21 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
         os.write(sink, f"{msg.id} {msg.deliveries}{note}\n".encode())
 
     runs = runs_table(spec.prefix)
+    # The runs' rows go through a pool of their own on the server databases: through the
+    # broker's, every worker's handler held a connection of its own, and three tests of three
+    # processes at once went past PostgreSQL's 100 ("too many clients": a handler failed
+    # after writing its start, an execution the test could not place). SQLite's must share
+    # the broker's engine, whose write turn orders its writers.
+    runs_db = broker.db if broker.db.dialect.name == "sqlite" else create_async_engine(
+        broker.db.url, pool_size=3, max_overflow=0)
 
     async def channel_run(msg: Message) -> None:
-        async with broker.db.begin() as conn:
+        async with runs_db.begin() as conn:
             run = (await conn.execute(insert(runs).values(
                 channel=msg.body["c"], msg_id=msg.id, delivery=msg.deliveries,
                 pid=os.getpid(), started_at=_DB_NOW))).inserted_primary_key[0]
         await asyncio.sleep(spec.sleep)
-        async with broker.db.begin() as conn:
+        async with runs_db.begin() as conn:
             await conn.execute(update(runs).where(runs.c.id == run).values(ended_at=_DB_NOW))
         record(msg)
         if random.random() < spec.fail:
@@ -143,7 +151,10 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
     (log_dir / f"ready-{os.getpid()}").touch()
     await stop.wait()
     runtimes = broker.runtimes
+    own_runs_db = runs_db is not broker.db
     await broker.close()
+    if own_runs_db:
+        await runs_db.dispose()
     counters = [asdict(r.counters) for r in runtimes]
     (log_dir / f"counters-{os.getpid()}.json").write_text(json.dumps(counters))
 
