@@ -5,6 +5,7 @@ INSERT writes, and a kept connection must never turn a publish into an error."""
 from __future__ import annotations
 
 import asyncio
+import random
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool, QueuePool
 
 from sqlmq import Broker
-from sqlmq.engines.kept_connections import discard, keep_limit
+from sqlmq.engines.kept_connections import discard, driver_connection, keep_limit
 
 from .conftest import rows
 
@@ -230,3 +231,70 @@ async def test_a_turn_handed_to_a_caller_as_it_gives_up_goes_to_the_next(
     assert engine._held == 0 and not engine._turns
     await broker.publish("jobs", "still fine")
     assert engine._held == len(engine._kept) == 1
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb", "postgresql"])
+async def test_kept_connections_stay_counted_through_random_cancellations_and_failures(
+    broker: Broker, db_kind: str,
+) -> None:
+    """300 callers on a hot path allowed three connections, each giving its connection
+    back or dropping it as a failed statement does, at random; some give up (cancelled)
+    while they wait, some just as they are handed a connection or a place: never more than
+    three held, everyone else served, and at the end what the hot path holds is what it
+    keeps."""
+    engine: Any = broker.engine
+    engine._hold_most = engine._keep_most = 3
+    rng = random.Random(15)
+    peak = 0
+    waiting: list[asyncio.Task[None]] = []  # in _checkout, oldest first
+
+    def give_up_next() -> None:
+        """Cancel the caller waiting longest: the one just handed what was given back."""
+        if waiting and rng.random() < 0.4:
+            waiting[0].cancel()
+
+    async def caller() -> None:
+        nonlocal peak
+        me = asyncio.current_task()
+        assert me is not None
+        waiting.append(me)
+        try:
+            conn = await engine._checkout()
+        finally:
+            waiting.remove(me)
+        peak = max(peak, engine._held)
+        try:
+            if rng.random() < 0.5:  # on the driver, as the hot path's statements run
+                raw = await driver_connection(conn)
+                if db_kind == "mariadb":
+                    async with raw.cursor() as cursor:
+                        await cursor.execute("SELECT 1")
+                else:
+                    await raw.execute("SELECT 1")
+            else:
+                await asyncio.sleep(rng.random() * 0.002)
+        except BaseException:
+            await engine._drop(conn)
+            raise
+        if rng.random() < 0.25:  # dropped, as _drop does, its place going on at once
+            engine._left()
+            give_up_next()
+            await discard(conn)
+        else:
+            await engine._checkin(conn)
+            give_up_next()
+
+    tasks = []
+    for _ in range(300):
+        tasks.append(asyncio.create_task(caller()))
+        if rng.random() < 0.1:
+            asyncio.get_running_loop().call_later(rng.random() * 0.01, tasks[-1].cancel)
+        if rng.random() < 0.3:
+            await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    errors = [t.exception() for t in tasks if not t.cancelled() and t.exception()]
+    assert errors == []
+    assert sum(t.cancelled() for t in tasks) >= 20
+    assert peak <= 3
+    assert engine._held == len(engine._kept) <= 3 and not engine._turns
+    await broker.publish("jobs", "still fine")

@@ -272,9 +272,9 @@ async def test_wake_ups_go_out_while_publishes_keep_every_connection_busy(
     broker: Broker,
 ) -> None:
     """Sixty-four tasks publishing without pause keep all the connections the engine may
-    keep in use: the NOTIFY after them goes out on the connection a publish has just given
-    back, not after the publishing stops (checked out like a publish's, it waited behind
-    them: none went out in 4 s)."""
+    hold in use: the NOTIFY after them takes its turn among them, not after the publishing
+    stops (when callers beyond the kept connections waited on the pool, none went out in
+    4 s: a kept connection went from one publish straight to the next)."""
     wakes = broker.engine.wakes  # type: ignore[attr-defined]
     stop = asyncio.Event()
 

@@ -119,9 +119,10 @@ class KeptConnections:
             if self.AUTOCOMMIT:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
         except BaseException:
-            if conn is not None:
-                await discard(conn)
-            self._left()
+            if conn is None:
+                self._left()
+            else:
+                await self._drop(conn)  # counted out before the await a second cancel may hit
             raise
         return conn
 
