@@ -183,9 +183,9 @@ async def test_more_publishers_than_the_pool_holds_are_served_in_turn(broker: Br
 async def test_a_publisher_that_gives_up_waiting_for_its_turn_costs_no_connection(
     broker: Broker,
 ) -> None:
-    """With the hot path allowed one connection (a pool of five), publishes cancelled while
-    they wait for it, or just as they are handed it or a place to open one, leave it to the
-    others, and the count of what the hot path holds stays true."""
+    """With the hot path allowed one connection, publishes cancelled while they wait for
+    it, or just as they are handed it or a place to open one, leave it to the others, and
+    the count of what the hot path holds stays true."""
     engine = broker.engine
     engine._hold_most = engine._keep_most = 1  # type: ignore[attr-defined]
     wakes = getattr(engine, "wakes", None)  # PostgreSQL's NOTIFY after overlapping publishes
@@ -211,6 +211,8 @@ async def test_a_publisher_that_gives_up_waiting_for_its_turn_costs_no_connectio
 async def test_a_turn_handed_to_a_caller_as_it_gives_up_goes_to_the_next(
     broker: Broker,
 ) -> None:
+    """The two hand-overs to a waiter cancelled before it runs, one at a time: the
+    connection goes on to the next waiter, the place is given back."""
     engine: Any = broker.engine
     engine._hold_most = engine._keep_most = 1
     first = await engine._checkout()

@@ -79,6 +79,7 @@ class KeptConnections:
 
     @cached_property
     def _hold_most(self) -> int:
+        """How many the hot path may hold at once: in use, kept, or being opened."""
         return keep_limit(self.db.pool, self.KEEP_RESERVE, sys.maxsize)
 
     async def _checkout(self) -> AsyncConnection:
