@@ -96,8 +96,10 @@ async def test_a_steady_burst_of_publishes_reuses_its_connections(broker: Broker
     burst (25 PostgreSQL sessions a second at 2,000 msg/s, whose start-up the server paid).
     On PostgreSQL the NOTIFY of overlapping publishes goes out after them, on a kept
     connection too (see sqlmq.engines.pg_wakes): each burst here waits for it, as one still
-    under way when the next burst starts needs a 21st connection (the test failed once so,
-    having met that overlap only after warming up)."""
+    under way when the next burst starts needs a 21st connection. The bursts together open
+    no more than one burst has in flight: on a loaded machine the warm-up bursts may not
+    have run all at once (19 opened, then a 20th: the test failed so when it compared with
+    the count after warming up)."""
     opened = []
     event.listen(broker.db.sync_engine, "connect", lambda *_: opened.append(1))
     wakes = getattr(broker.engine, "wakes", None)
@@ -109,11 +111,10 @@ async def test_a_steady_burst_of_publishes_reuses_its_connections(broker: Broker
 
     for _ in range(2):
         await burst()
-    warm = len(opened)
-    assert warm >= 10  # the burst ran at once, beyond the pool's idle size
+    assert len(opened) >= 10  # the burst ran at once, beyond the pool's idle size
     for _ in range(5):
         await burst()
-    assert len(opened) == warm
+    assert len(opened) <= 20  # four kept: 16 opened again by every burst
     assert len(await rows(broker)) == 140
 
 
