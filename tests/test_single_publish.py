@@ -24,6 +24,14 @@ SAME = ("queue", "headers", "payload", "state", "attempts_count", "deliveries_co
         "history")
 
 
+async def wake_ups_sent(broker: Broker) -> None:
+    """Until PostgreSQL's NOTIFY after overlapping publishes (sqlmq.engines.pg_wakes) is
+    sent: it holds a kept connection meanwhile."""
+    wakes = getattr(broker.engine, "wakes", None)
+    while wakes is not None and wakes._task is not None:
+        await wakes._task
+
+
 @pytest.mark.parametrize("db_kind", ["sqlite", "mariadb"])
 @pytest.mark.parametrize("delay", [None, 90.5])
 async def test_single_publish_writes_the_row_a_batch_publish_writes(
@@ -102,12 +110,10 @@ async def test_a_steady_burst_of_publishes_reuses_its_connections(broker: Broker
     the count after warming up)."""
     opened = []
     event.listen(broker.db.sync_engine, "connect", lambda *_: opened.append(1))
-    wakes = getattr(broker.engine, "wakes", None)
 
     async def burst() -> None:
         await asyncio.gather(*(broker.publish("jobs", str(i)) for i in range(20)))
-        while wakes is not None and wakes._task is not None:
-            await wakes._task
+        await wake_ups_sent(broker)
 
     for _ in range(2):
         await burst()
@@ -198,7 +204,6 @@ async def test_a_publisher_that_gives_up_waiting_for_its_turn_costs_no_connectio
     the count of what the hot path holds stays true."""
     engine = broker.engine
     engine._hold_most = engine._keep_most = 1  # type: ignore[attr-defined]
-    wakes = getattr(engine, "wakes", None)  # PostgreSQL's NOTIFY after overlapping publishes
     for round_ in range(6):
         tasks = [asyncio.create_task(broker.publish("jobs", f"{round_}-{i}"))
                  for i in range(12)]
@@ -207,8 +212,7 @@ async def test_a_publisher_that_gives_up_waiting_for_its_turn_costs_no_connectio
         for task in tasks[1::2]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if wakes is not None and wakes._task is not None:
-            await wakes._task
+        await wake_ups_sent(broker)
         assert engine._held == len(engine._kept) == 1  # type: ignore[attr-defined]
         assert not engine._turns  # type: ignore[attr-defined]
         assert sum(1 for t in tasks if not t.cancelled()) >= 6

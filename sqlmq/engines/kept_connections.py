@@ -128,11 +128,10 @@ class KeptConnections:
         return conn
 
     async def _checkin(self, conn: AsyncConnection) -> None:
-        while self._turns:  # straight to whoever waits longest
-            turn = self._turns.popleft()
-            if not turn.done():
-                turn.set_result(conn)
-                return
+        turn = self._next_turn()
+        if turn is not None:  # straight to whoever waits longest
+            turn.set_result(conn)
+            return
         kept = self._kept
         now = time.monotonic()
         while kept and now - kept[0][1] >= self.KEEP_FOR:  # idle since the load fell
@@ -146,12 +145,18 @@ class KeptConnections:
         """A connection of the hot path's is gone (or was never opened): its place goes to
         the caller waiting longest, who opens one."""
         self._held -= 1
+        turn = self._next_turn()
+        if turn is not None:
+            self._held += 1
+            turn.set_result(None)
+
+    def _next_turn(self) -> _Turn | None:
+        """The caller waiting longest, out of the line (those who gave up are skipped)."""
         while self._turns:
             turn = self._turns.popleft()
             if not turn.done():
-                self._held += 1
-                turn.set_result(None)
-                return
+                return turn
+        return None
 
     async def _let_go(self, conn: AsyncConnection) -> None:
         self._left()
