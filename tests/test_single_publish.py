@@ -5,6 +5,7 @@ INSERT writes, and a kept connection must never turn a publish into an error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from datetime import timedelta
 from typing import Any
@@ -12,12 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool, QueuePool
 
 from sqlmq import Broker
+from sqlmq.connect import parse_url
 from sqlmq.engines.kept_connections import discard, driver_connection, keep_limit
 
-from .conftest import rows
+from .conftest import drop_tables, rows, wait_until
 
 SAME = ("queue", "headers", "payload", "state", "attempts_count", "deliveries_count",
         "acquired_at", "first_attempt_at", "last_attempt_at", "lease_expires_at", "last_error",
@@ -135,6 +138,60 @@ async def test_kept_connections_the_load_no_longer_needs_go_back_to_the_pool(
     await asyncio.sleep(0.1)
     await broker.publish("jobs", "one more")
     assert len(engine._kept) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb", "postgresql"])
+async def test_idle_kept_connections_go_back_without_another_publish(broker: Broker) -> None:
+    """A burst, then nothing: its kept connections return to the pool ``KEEP_FOR`` later by
+    themselves. They waited for the hot path's next call, and a service that published a
+    burst and then nothing held them (and PostgreSQL its sessions) for hours."""
+    engine = broker.engine
+    engine.KEEP_FOR = 0.3  # type: ignore[attr-defined]
+    await asyncio.gather(*(broker.publish("jobs", str(i)) for i in range(12)))
+    await wake_ups_sent(broker)
+    pool = broker.db.pool
+    assert pool.checkedout() >= 4  # type: ignore[attr-defined]
+    await wait_until(lambda: pool.checkedout() == 0, timeout=10,  # type: ignore[attr-defined]
+                     message="the kept connections back in the pool")
+    assert engine._kept == []  # type: ignore[attr-defined]
+    assert engine._held == 0  # type: ignore[attr-defined]
+    await broker.publish("jobs", "later")  # and the hot path keeps again
+    assert len(engine._kept) == 1  # type: ignore[attr-defined]
+    assert len(await rows(broker)) == 13
+
+
+@pytest.mark.parametrize("db_kind", ["mariadb", "postgresql"])  # SQLite: its own engine
+async def test_an_application_sharing_its_engine_is_not_kept_waiting_for_idle_ones(
+    db_url: str, prefix: str,
+) -> None:
+    """The application's engine (pool 5 + 5) given to the broker: after a burst of
+    publishes the broker keeps six connections idle, and the application then needs all
+    ten at once. Each of its checkouts that leaves the pool empty sends one idle kept
+    connection back, so none of the ten waits (they waited ``KEEP_FOR``, here longer than
+    the pool's timeout, and failed)."""
+    app_db = create_async_engine(parse_url(db_url), pool_size=5, max_overflow=5,
+                                 pool_timeout=3)
+    broker = Broker(app_db, table_prefix=prefix)
+    try:
+        await broker.migrate()
+        engine = broker.engine
+        await asyncio.gather(*(broker.publish("jobs", str(i)) for i in range(12)))
+        await wake_ups_sent(broker)
+        assert len(engine._kept) == 6  # type: ignore[attr-defined]
+        async with contextlib.AsyncExitStack() as stack:
+            held = [await stack.enter_async_context(app_db.connect()) for _ in range(10)]
+            for conn in held:
+                assert (await conn.exec_driver_sql("SELECT 1")).scalar() == 1
+            assert engine._kept == []  # type: ignore[attr-defined]
+        await broker.publish("jobs", "after")  # the broker publishes again afterwards
+        assert len(await rows(broker)) == 13
+        await broker.close()
+        assert not event.contains(app_db.pool, "checkout",
+                                  engine._on_pool_checkout)  # type: ignore[attr-defined]
+    finally:
+        await broker.close()
+        await app_db.dispose()
+        drop_tables(db_url, prefix)
 
 
 def test_the_connections_kept_leave_the_pool_room_for_the_rest_of_the_broker() -> None:

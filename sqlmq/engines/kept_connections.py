@@ -12,21 +12,122 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import time
 from collections import deque
 from functools import cached_property
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import Pool, QueuePool
+
+log = logging.getLogger("sqlmq")
 
 #: What a waiting caller is handed: a connection, or None for a place to open one in.
 _Turn = asyncio.Future[AsyncConnection | None]
 
 
-class KeptConnections:
+class IdleReturns:
+    """How idle kept connections go back to the pool between the hot path's calls: by a
+    timer, and when the pool's other users run out (part of :class:`KeptConnections`)."""
+
+    db: AsyncEngine
+    KEEP_FOR: float
+    #: (connection, idle since), oldest first.
+    _kept: list[tuple[AsyncConnection, float]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: When the oldest kept connection is due back in the pool, if any is kept.
+        self._idle_timer: asyncio.TimerHandle | None = None
+        #: Kept connections on their way back to the pool, outside any caller's await.
+        self._returning: set[asyncio.Task[None]] = set()
+        #: The pool whose checkouts :meth:`_watch_pool` follows, its capacity, the loop.
+        self._watched: tuple[Pool, int, asyncio.AbstractEventLoop] | None = None
+
+    async def _let_go(self, conn: AsyncConnection) -> None:
+        raise NotImplementedError
+
+    def _kept_one(self) -> None:
+        """A connection was just kept: make sure it will go back by itself."""
+        if self._idle_timer is None:
+            self._arm_idle_timer()
+        if self._watched is None:
+            self._watch_pool()
+
+    def _arm_idle_timer(self) -> None:
+        """Call :meth:`_return_idle` when the oldest kept connection has been idle ``KEEP_FOR``:
+        after a burst the hot path may not run again for hours, and its idle connections
+        would stay checked out of the pool (and open on the server) all that time."""
+        due = self._kept[0][1] + self.KEEP_FOR - time.monotonic()
+        self._idle_timer = asyncio.get_running_loop().call_later(max(due, 0.0), self._return_idle)
+
+    def _return_idle(self) -> None:
+        self._idle_timer = None
+        now = time.monotonic()
+        while self._kept and now - self._kept[0][1] >= self.KEEP_FOR:
+            self._return_soon(self._kept.pop(0)[0])
+        if self._kept:
+            self._arm_idle_timer()
+
+    def _watch_pool(self) -> None:
+        """Follow the pool's checkouts, so that idle kept connections give way to its other
+        users: without it an application sharing its engine with sqlmq waited in the pool
+        for connections sqlmq kept idle (up to ``KEEP_FOR`` after a burst)."""
+        pool = self.db.pool
+        capacity = keep_limit(pool, 0, sys.maxsize)
+        self._watched = (pool, capacity, asyncio.get_running_loop())
+        if capacity != sys.maxsize:  # a pool without a bound never leaves anyone waiting
+            event.listen(pool, "checkout", self._on_pool_checkout)
+
+    def _on_pool_checkout(self, *_: Any) -> None:
+        """Any checkout from the pool, in whichever thread made it (SQLAlchemy's event)."""
+        watched = self._watched
+        if watched is None or not self._kept:
+            return
+        pool, capacity, loop = watched
+        if pool.checkedout() >= capacity:  # type: ignore[attr-defined]
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(self._give_way)
+
+    def _give_way(self) -> None:
+        """The pool is out of connections: the longest idle kept one goes back to it."""
+        if self._kept:
+            self._return_soon(self._kept.pop(0)[0])
+
+    def _return_soon(self, conn: AsyncConnection) -> None:
+        """Let ``conn`` go in a task of its own: timers and pool events cannot await."""
+        task = asyncio.get_running_loop().create_task(self._let_go(conn))
+        self._returning.add(task)
+        task.add_done_callback(self._returned)
+
+    def _stop_returning(self) -> None:
+        """No timer and no pool events any more (an application's engine outlives the
+        broker)."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        if self._watched is not None and self._watched[1] != sys.maxsize:
+            with contextlib.suppress(Exception):  # a pool SQLAlchemy has let go of
+                event.remove(self._watched[0], "checkout", self._on_pool_checkout)
+        self._watched = None
+
+    async def _returned_all(self) -> None:
+        if self._returning:
+            await asyncio.gather(*self._returning, return_exceptions=True)
+
+    def _returned(self, task: asyncio.Task[None]) -> None:
+        self._returning.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("sqlmq could not give a kept connection back to the pool",
+                      exc_info=task.exception())
+
+
+
+class KeptConnections(IdleReturns):
     """Idle autocommit connections the hot path keeps checked out of the pool and reuses.
 
     As many are kept as the hot path has lately had in use at once, up to the pool's
@@ -46,7 +147,10 @@ class KeptConnections:
 
     A connection left idle for ``KEEP_FOR`` seconds goes back to the pool, whose pre-ping
     checks it before its next use (a server restart while it sat idle is then caught
-    there); so does every kept connection once one fails (:meth:`_discard`)."""
+    there), whether or not the hot path is used again (:meth:`_return_idle`); so does every kept
+    connection once one fails (:meth:`_discard`). And an idle one goes back at once when
+    a checkout from the pool by anyone else (the application sharing its engine, another
+    broker on it) leaves the pool with nothing to give the next (:meth:`_watch_pool`)."""
 
     db: AsyncEngine
 
@@ -140,6 +244,7 @@ class KeptConnections:
             await self._let_go(conn)
         else:
             kept.append((conn, now))
+            self._kept_one()
 
     def _left(self) -> None:
         """A connection of the hot path's is gone (or was never opened): its place goes to
@@ -191,9 +296,12 @@ class KeptConnections:
             return False
 
     async def _close_kept(self) -> None:
-        """Return the kept connections to the pool; later calls do not keep any."""
+        """Return the kept connections to the pool; later calls do not keep any. The pool is
+        no longer followed (an application's engine outlives the broker)."""
         self._kept_closed = True
+        self._stop_returning()
         await self._return_kept()
+        await self._returned_all()
 
     async def _return_kept(self) -> None:
         while self._kept:
