@@ -19,7 +19,7 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -220,6 +220,17 @@ class WorkerPool:
         self.start(len(dead))
         return len(dead)
 
+    def check(self) -> None:
+        """Fail at once if a worker exited that nobody stopped or killed, with the end of
+        its stderr: a worker that cannot start (a missing table, an import error) otherwise
+        left the test waiting out its timeout and saying only that nothing happened."""
+        for p in self.live:
+            if p.exitcode is not None:
+                err = Path(self.spec.log_dir) / f"worker-{p.pid}.err"
+                tail = err.read_text(errors="replace")[-3000:] if err.exists() else "(no .err)"
+                raise AssertionError(f"worker {p.pid} exited with {p.exitcode} unasked; "
+                                     f"the end of {err}:\n{tail}")
+
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM everyone (graceful stop), SIGKILL whoever does not exit in time."""
         for p in self.live:
@@ -234,15 +245,22 @@ class WorkerPool:
         self.live.clear()
 
 
-def wait_ready(log_dir: Path, n: int, timeout: float = 60.0) -> None:
+def wait_ready(log_dir: Path, n: int, timeout: float = 60.0,
+               watch: Sequence[WorkerPool] = ()) -> None:
     wait_for(lambda: len(list(log_dir.glob("ready-*"))) >= n, timeout,
-             f"fewer than {n} workers became ready in {timeout}s; see {log_dir}/worker-*.err")
+             f"fewer than {n} workers became ready in {timeout}s; see {log_dir}/worker-*.err",
+             watch)
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, failure: str) -> None:
-    """Poll ``condition`` until it holds; after ``timeout`` seconds, fail with ``failure``."""
+def wait_for(condition: Callable[[], bool], timeout: float, failure: str,
+             watch: Sequence[WorkerPool] = ()) -> None:
+    """Poll ``condition`` until it holds; after ``timeout`` seconds, fail with ``failure``.
+    A worker of the pools in ``watch`` that exits meanwhile fails it at once
+    (:meth:`WorkerPool.check`)."""
     deadline = time.monotonic() + timeout
     while not condition():
+        for pool in watch:
+            pool.check()
         if time.monotonic() > deadline:
             raise AssertionError(failure)
         time.sleep(0.05)
@@ -438,7 +456,7 @@ def kill_run(
     deadline = started + timeout
     pool.start(workers)
     try:
-        wait_ready(log_dir, 1)
+        wait_ready(log_dir, 1, watch=[pool])
         while pool.kills < min_kills or (until_drained and tables.left(spec.queue) > 0):
             if top_up and pool.kills < min_kills and tables.left(spec.queue) < 200:
                 published += top_up()

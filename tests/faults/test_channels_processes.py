@@ -130,13 +130,15 @@ def test_twenty_channels_of_two_hold_across_three_processes_and_a_sigkill(
     pool = WorkerPool(spec)
     try:
         pool.start(3)
-        wait_ready(log_dir, 3)
-        wait_for(lambda: tables.archived() >= 200, 120, "not 200 archived after 120 s")
+        wait_ready(log_dir, 3, watch=[pool])
+        wait_for(lambda: tables.archived() >= 200, 120, "not 200 archived after 120 s",
+                 [pool])
         killed_at = _db_now(tables)
         # the process running the most handlers dies (one that buffered less may run
         # none: the others' deliveries can hold every slot); a replacement starts
         pool.kill(killed := _busiest(tables, runs))
-        wait_for(lambda: tables.left() == 0, 180, "the queue not drained after 180 s")
+        wait_for(lambda: tables.left() == 0, 180, "the queue not drained after 180 s",
+                 [pool])
     finally:
         pool.stop()
 
@@ -165,11 +167,11 @@ def test_a_channel_at_twenty_a_second_starts_two_hundred_in_ten_seconds_across_p
     pool = WorkerPool(spec)
     try:
         pool.start(3)
-        wait_ready(log_dir, 3)
-        wait_for(lambda: bool(_run_rows(tables, runs)), 60, "no start after 60 s")
+        wait_ready(log_dir, 3, watch=[pool])
+        wait_for(lambda: bool(_run_rows(tables, runs)), 60, "no start after 60 s", [pool])
         first = _run_rows(tables, runs)[0].started_at
         wait_for(lambda: _db_now(tables) > first + timedelta(seconds=10.5), 60,
-                 "the database clock did not pass 10.5 s in 60 s")
+                 "the database clock did not pass 10.5 s in 60 s", [pool])
     finally:
         pool.stop()
     starts = [r.started_at for r in _run_rows(tables, runs)]
@@ -197,8 +199,9 @@ def test_a_hundred_ordered_channels_run_in_publish_order_across_processes_with_f
     pool = WorkerPool(spec)
     try:
         pool.start(3)
-        wait_ready(log_dir, 3)
-        wait_for(lambda: tables.left() == 0, 300, "the queue not drained after 300 s")
+        wait_ready(log_dir, 3, watch=[pool])
+        wait_for(lambda: tables.left() == 0, 300, "the queue not drained after 300 s",
+                 [pool])
     finally:
         pool.stop()
 

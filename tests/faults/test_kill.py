@@ -65,9 +65,10 @@ def test_long_handler_keeps_its_lease_while_its_process_lives_and_is_redelivered
         first.start()
         while tables.processing() < 1:
             assert time.monotonic() < deadline, "the first worker did not take the message"
+            first.check()
             time.sleep(0.02)
         second.start()  # a rival with its own recovery loop, ready to take the message over
-        wait_ready(log_dir, 2)
+        wait_ready(log_dir, 2, watch=[first, second])
         time.sleep(4.0)  # four leases: renewed by the first worker's lease keeper meanwhile
         (row,) = tables.message_rows()
         assert (row.state, row.deliveries_count) == ("PROCESSING", 1)
@@ -76,6 +77,8 @@ def test_long_handler_keeps_its_lease_while_its_process_lives_and_is_redelivered
         first.kill_random()  # SIGKILL; its replacement and the rival share what is left
         while tables.left() > 0:
             assert time.monotonic() < deadline, "the message was not delivered again"
+            first.check()
+            second.check()
             time.sleep(0.02)
         print(f"\nredelivered and completed {time.monotonic() - killed:.1f}s after SIGKILL "
               "(lease 1.0s, recovery every 0.2s)")

@@ -39,15 +39,19 @@ def test_results_of_expired_deliveries_never_land_and_are_counted_stale(
         slow.start()
         while tables.processing() < MESSAGES:
             assert time.monotonic() < deadline, "the slow process did not take the messages"
+            slow.check()
             time.sleep(0.02)
         fast.start()
-        wait_ready(fast_dir, 1)
+        wait_ready(fast_dir, 1, watch=[slow, fast])
         while tables.left() > 0:
             assert time.monotonic() < deadline, f"{tables.left()} messages left after 120s"
+            slow.check()
+            fast.check()
             time.sleep(0.05)
         # Every slow handler finishes and tries its write before the processes stop.
         while len(executions(slow_dir)) < MESSAGES:
             assert time.monotonic() < deadline, "the slow handlers did not finish"
+            slow.check()
             time.sleep(0.05)
     finally:
         fast.stop()
