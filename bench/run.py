@@ -408,6 +408,8 @@ def run_held(args: argparse.Namespace) -> str:
     rows, summary = asyncio.run(held_transaction(args.held_rate, args.held_seconds,
                                                  args.hold_at, args.hold))
     png = RESULTS / f"held-xact-{time.strftime('%Y-%m-%d')}.png"
+    if png.exists():  # a plot bench/README links to: a second run the same day adds its own
+        png = RESULTS / f"held-xact-{time.strftime('%Y-%m-%d-%H%M%S')}.png"
     plot(rows, summary, png)
     return table(
         f"sustained load on postgresql with a held transaction: {summary}; one subscriber "
