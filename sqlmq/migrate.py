@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn, ExecutableDDLElement
 
-from .channels import NO_LIMITS, ChannelSettings, Turns, fair_key
+from .channels import NO_LIMITS, ChannelSettings, Turns
 from .errors import SchemaError
 from .lifecycle import State
 from .schema import (
@@ -179,8 +179,8 @@ def _v13(conn: Connection, schema: Schema) -> None:
     """Fair order (see :mod:`sqlmq.channels`): the message table's ``fair_key`` and its
     index, the channel table's ``last_turn``, the queues' clocks. The channel messages
     already there, in channels without limits, get their turns as a publish would have
-    given them (a channel's n-th message turn n, priority above), so none is left out of
-    the fair acquire."""
+    given them (a channel's n-th message turn n, keyed by its quantum, priority above), so
+    none is left out of the fair acquire."""
     m, c = schema.message, schema.channel
     if "fair_key" not in {col["name"] for col in inspect(conn).get_columns(m.name)}:
         conn.execute(AddColumn(m.c.fair_key))
@@ -197,7 +197,7 @@ def _v13(conn: Connection, schema: Schema) -> None:
             .where(m.c.channel.is_not(None), m.c.fair_key.is_(None)).order_by(m.c.id)):
         if channel in free:
             turns[channel] = turns.get(channel, 0) + 1
-            keys.append({"i": msg_id, "k": fair_key(priority, turns[channel])})
+            keys.append({"i": msg_id, "k": Turns(turns[channel]).key(priority)})
     _write_keys(conn, schema, keys, turns)
 
 

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import Index, MetaData, Table, delete, func, inspect, select
 
 from sqlmq import SCHEMA_VERSION, Broker, Message, SchemaError
+from sqlmq.channels import TURN_QUANTUM
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Settlement
 
@@ -374,15 +375,17 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         db_url: str, prefix: str) -> None:
     """A version-12 schema (no fair order) holding channel messages: four brokers migrate
     it at once; each channel's n-th message gets turn n, so the acquire after it takes
-    them round-robin, and a publish after it follows on."""
+    them round-robin (a turn's quantum of ``TURN_QUANTUM`` at a time), and a publish after
+    it follows on."""
     from sqlalchemy import text
 
     brokers = [Broker(db_url, table_prefix=prefix) for _ in range(4)]
     schema = brokers[0].schema
     m, c = schema.message, schema.channel
+    q = TURN_QUANTUM
     try:
         await brokers[0].migrate()
-        a = await brokers[0].publish_batch("q", [b"a1", b"a2", b"a3"], channel="a")
+        a = await brokers[0].publish_batch("q", [b"a"] * (q + 1), channel="a")
         (b1,) = await brokers[0].publish_batch("q", [b"b1"], channel="b")
         async with brokers[0].db.begin() as conn:
             for index in ("fair", "channel_key"):
@@ -396,11 +399,11 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
         assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
         await brokers[0].check_schema()
-        got = await brokers[1].engine.acquire(["q"], 2, 30)
-        assert [d.id for d in got] == [a[0], b1]
+        got = await brokers[1].engine.acquire(["q"], q + 1, 30)
+        assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
         (b2,) = await brokers[1].publish_batch("q", [b"b2"], channel="b")
         got = await brokers[1].engine.acquire(["q"], 3, 30)
-        assert [d.id for d in got] == [a[1], b2, a[2]]
+        assert [d.id for d in got] == [b2, a[q]]  # b's turn 2 is in the round of turn 1
         assert await brokers[0].migrate() == SCHEMA_VERSION  # and again: nothing to do
     finally:
         for b in brokers:

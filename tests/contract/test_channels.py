@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from sqlmq.channels import ChannelSettings
+from sqlmq.channels import TURN_QUANTUM, ChannelSettings
 from sqlmq.errors import ChannelFull
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Delivery, NewMessages, Settlement
@@ -232,16 +232,18 @@ async def test_a_queue_default_limits_channels_without_settings_of_their_own(
     assert (listed["t1"].running, listed["t2"].running) == (3, 1)
 
 
-async def test_channels_share_each_acquire_least_recently_served_first(env: Env) -> None:
-    await publish(env, "big", 40)
-    await publish(env, "small", 3)
+async def test_channels_share_each_acquire_a_quantum_each_in_turn(env: Env) -> None:
+    """Round-robin by turn, a turn of a channel being up to ``TURN_QUANTUM`` of its
+    messages (neighbours in the table, published together): a channel with a long backlog
+    gives one quantum, then the others theirs, then its next."""
+    q = TURN_QUANTUM
+    await publish(env, "big", 5 * q)
+    await publish(env, "small", q + 3)
     await publish(env, "tiny", 1)
-    got = await env.engine.acquire(["q"], 6, 30)
-    by = sorted(d.payload.split(b"-")[0] for d in got)
-    assert by == [b"big", b"big", b"small", b"small", b"tiny"] or \
-        by == [b"big", b"big", b"big", b"small", b"small", b"tiny"]
-    got = await env.engine.acquire(["q"], 2, 30)
-    assert {d.payload.split(b"-")[0] for d in got} == {b"big", b"small"}
+    got = channels_of(await env.engine.acquire(["q"], 3 * q, 30))
+    assert got == ["big"] * q + ["small"] * q + ["tiny"] + ["big"] * (q - 1)
+    got = channels_of(await env.engine.acquire(["q"], 5, 30))
+    assert got == ["big", "small", "small", "small", "big"]
 
 
 async def test_a_defer_frees_the_slot_and_waits_as_a_channel_message(env: Env) -> None:
@@ -275,12 +277,13 @@ async def test_channels_with_limits_go_first_and_the_others_follow_in_fair_order
         env: Env) -> None:
     """An acquire offers the channels with limits their share first (their limits decide
     how much they run), then takes the others round-robin by turn: each channel's first
-    message, then each one's second, ..."""
+    quantum of messages, then each one's second, ..."""
+    q = TURN_QUANTUM
     await env.engine.set_channel("a", "q", ChannelSettings(rate=1000.0))
-    p = await publish(env, "p", 3)
+    p = await publish(env, "p", q + 2)
     (r1,) = await publish(env, "r")
     a = await publish(env, "a", 2)
-    assert ids(await env.engine.acquire(["q"], 5, 30)) == [a[0], p[0], r1, p[1], p[2]]
+    assert ids(await env.engine.acquire(["q"], q + 4, 30)) == [a[0], *p[:q], r1, *p[q:]]
     await env.passes(0.01)
     assert ids(await env.engine.acquire(["q"], 5, 30)) == [a[1]]
 
@@ -292,16 +295,21 @@ def channels_of(got: list[Delivery]) -> list[str]:
 async def test_a_channel_with_nothing_waiting_joins_the_round_being_served(env: Env) -> None:
     """A channel's new messages queue behind its own backlog, or, when it had none, join
     the round the queue is being served at: neither at the back of the others' backlogs
-    nor ahead of all of them (a channel served long ago saves no turns up)."""
-    await publish(env, "big", 12)
+    nor ahead of all of them (a channel served long ago saves no turns up). A round is
+    ``TURN_QUANTUM`` turns."""
+    q = TURN_QUANTUM
+    await publish(env, "big", 4 * q)
     await publish(env, "small")
-    assert channels_of(await env.engine.acquire(["q"], 3, 30)) == ["big", "small", "big"]
-    assert channels_of(await env.engine.acquire(["q"], 3, 30)) == ["big"] * 3  # turns 3-5
-    await publish(env, "late", 3)  # the round served last began at turn 3: turns 4-6
-    await publish(env, "small", 2)  # its last turn, 1, has passed: turns 4-5 too
+    got = channels_of(await env.engine.acquire(["q"], q + 1, 30))
+    assert got == ["big"] * q + ["small"]  # round 1
+    got = channels_of(await env.engine.acquire(["q"], q, 30))
+    assert got == ["big"] * q  # round 2, which the queue is now served at
+    await publish(env, "late", 3)  # round 2 too: ahead of big's rounds 3 and 4
+    await publish(env, "small", 2)  # its last turn, 1, has passed: round 2, after late
     got = channels_of(await env.engine.acquire(["q"], 6, 30))
-    assert got == ["late", "small", "late", "small", "big", "late"]
-    assert channels_of(await env.engine.acquire(["q"], 3, 30)) == ["big"] * 3
+    assert got == ["late"] * 3 + ["small"] * 2 + ["big"]  # had small saved its turns
+    # up, its round-1 turns would have come before late's
+    assert channels_of(await env.engine.acquire(["q"], 2 * q, 30)) == ["big"] * (2 * q - 1)
 
 
 async def test_a_limit_set_later_takes_a_channels_messages_out_of_the_fair_order_and_back(
