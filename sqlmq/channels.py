@@ -37,10 +37,9 @@ channel in its turn (turns 1-8 share a key, 9-16 the next, ties taken in id orde
 ordered channel without other limits is taken the same way (its keys leave the priority
 out, :data:`ORDERED_PRIORITY`, and each turn has its own), each of its messages only while
 no message of the channel has a lower key: one probe of the index ``(channel, fair_key,
-id)`` (schema version 14). Channels with limits are taken apart,
-least recently served first, under their row locks, an even share each; they go first in
-an acquire, so that their limits, not the unlimited channels' backlog, decide how much they
-run.
+id)`` (schema version 14). Channels with limits are taken apart, least recently served
+first, under their row locks, an even share each; they go first in an acquire, so that
+their limits, not the unlimited channels' backlog, decide how much they run.
 
 This module holds the model: settings, their validation, and what an acquire may take from
 one channel. The engines do the reading and locking (:mod:`sqlmq.engines.core_channels`,
@@ -253,6 +252,5 @@ def next_start(settings: ChannelSettings, planned: datetime | None,
 
 
 __all__ = ["NO_LIMITS", "ORDERED_PRIORITY", "TURN_BITS", "TURN_QUANTUM", "ChannelInfo",
-           "ChannelSettings",
-           "Turns", "allowance", "check_channel", "check_size", "fair_key", "first_turn",
-           "freed_slots", "next_start", "passed_on", "share", "turn_of"]
+           "ChannelSettings", "Turns", "allowance", "check_channel", "check_size", "fair_key",
+           "first_turn", "freed_slots", "next_start", "passed_on", "share", "turn_of"]

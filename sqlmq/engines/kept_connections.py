@@ -84,14 +84,19 @@ class IdleReturns:
             event.listen(pool, "checkout", self._on_pool_checkout)
 
     def _on_pool_checkout(self, *_: Any) -> None:
-        """Any checkout from the pool, in whichever thread made it (SQLAlchemy's event)."""
+        """Any checkout from the pool, in whichever thread made it (SQLAlchemy's event). It
+        runs inside someone else's checkout (the application's): nothing may escape it."""
         watched = self._watched
         if watched is None or not self._kept:
             return
         pool, capacity, loop = watched
-        if pool.checkedout() >= capacity:  # type: ignore[attr-defined]
-            with contextlib.suppress(RuntimeError):  # the loop has closed
+        try:
+            if pool.checkedout() >= capacity:  # type: ignore[attr-defined]
                 loop.call_soon_threadsafe(self._give_way)
+        except RuntimeError:  # the loop has closed
+            pass
+        except Exception:
+            log.exception("sqlmq could not follow its pool's checkouts")
 
     def _give_way(self) -> None:
         """The pool is out of connections: the longest idle kept one goes back to it."""
@@ -126,7 +131,6 @@ class IdleReturns:
                       exc_info=task.exception())
 
 
-
 class KeptConnections(IdleReturns):
     """Idle autocommit connections the hot path keeps checked out of the pool and reuses.
 
@@ -147,10 +151,11 @@ class KeptConnections(IdleReturns):
 
     A connection left idle for ``KEEP_FOR`` seconds goes back to the pool, whose pre-ping
     checks it before its next use (a server restart while it sat idle is then caught
-    there), whether or not the hot path is used again (:meth:`_return_idle`); so does every kept
-    connection once one fails (:meth:`_discard`). And an idle one goes back at once when
-    a checkout from the pool by anyone else (the application sharing its engine, another
-    broker on it) leaves the pool with nothing to give the next (:meth:`_watch_pool`)."""
+    there), whether or not the hot path is used again (:meth:`_return_idle`); so does every
+    kept connection once one fails (:meth:`_discard`). And an idle one goes back at once
+    when a checkout from the pool by anyone else (the application sharing its engine,
+    another broker on it) leaves the pool with nothing to give the next
+    (:meth:`_watch_pool`)."""
 
     db: AsyncEngine
 
