@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .errors import ChannelFull, ConfigurationError
-from .maintenance import ArchiveCleaner, Heartbeat, Retention
+from .maintenance import ArchiveCleaner, ChannelSweeper, Heartbeat, Retention
 from .records import PausedQueue, WorkerInfo
 from .subscriber import check_queue
 from .views import ARCHIVED_STATES, DEAD_STATES
@@ -47,6 +47,7 @@ class Operations:
         _runtimes: list[SubscriberRuntime]
         _heartbeat: Heartbeat | None
         _cleaner: ArchiveCleaner | None
+        _sweeper: ChannelSweeper | None
         heartbeat_interval: float
         retention: Retention | None
 
@@ -166,10 +167,12 @@ class Operations:
         self.retention = retention
         self._heartbeat = None
         self._cleaner = None
+        self._sweeper = None
 
     def _join_registry(self) -> None:
         """Start heartbeating in the live workers registry (once a subscriber runs), and
-        the duties its leader does for all (the archive's retention)."""
+        the duties its leader does for all (the archive's retention, forgetting idle
+        channels)."""
         if self._heartbeat is not None:
             return
         self._heartbeat = Heartbeat(self._engine, self.heartbeat_interval,
@@ -178,11 +181,16 @@ class Operations:
         if self.retention is not None:
             self._cleaner = ArchiveCleaner(self._engine, self.retention, lambda: self.leading)
             self._cleaner.start()
+        self._sweeper = ChannelSweeper(self._engine, lambda: self.leading)
+        self._sweeper.start()
 
     async def _leave_registry(self) -> None:
         if self._cleaner is not None:
             await self._cleaner.stop()
             self._cleaner = None
+        if self._sweeper is not None:
+            await self._sweeper.stop()
+            self._sweeper = None
         if self._heartbeat is not None:
             await self._heartbeat.stop()
             self._heartbeat = None
@@ -190,8 +198,8 @@ class Operations:
     @property
     def leading(self) -> bool:
         """Whether this broker leads the live workers (the one that started first), and so
-        does the duties one process does for all: the archive's retention and the
-        queue-depth gauges (see :mod:`sqlmq.maintenance.heartbeat`)."""
+        does the duties one process does for all: the archive's retention, forgetting idle
+        channels and the queue-depth gauges (see :mod:`sqlmq.maintenance.heartbeat`)."""
         return self._heartbeat is not None and self._heartbeat.leading
 
     @property

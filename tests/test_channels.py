@@ -9,10 +9,14 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from sqlmq import Broker, ChannelFull, Message, Retry
+from sqlmq.lifecycle import Outcome
+from sqlmq.records import Settlement
 
 from .conftest import on_every_engine, sibling, wait_for_count
 
@@ -255,3 +259,44 @@ async def test_a_limit_another_broker_sets_holds_from_the_next_acquire(
         assert await engine.acquire(["q"], 10, 30) == []  # its one slot is taken
     finally:
         await other.close()
+
+
+async def test_publishes_racing_the_forgetting_of_their_idle_channels_all_land(
+        broker: Broker) -> None:
+    """Twenty channels emptied, then published to again while their rows are forgotten as
+    fast as the database allows: every publish lands, in a channel that has its row (a
+    publish that finds its row gone between making it and locking it makes it again), and
+    the forgetting did delete rows meanwhile."""
+    await broker.set_channel_default("jobs", max_concurrency=2)
+    engine = broker.engine
+    names = [f"c{i}" for i in range(20)]
+    forgotten = 0
+    for _ in range(5):
+        for name in names:
+            await broker.publish("jobs", "first", channel=name)
+        taken = await engine.acquire(["jobs"], 100, 30)
+        await engine.settle([Settlement(d.id, d.deliveries, Outcome.COMPLETE) for d in taken])
+        assert len(taken) == 20
+        # five forgotten for sure; the rest race the publishes (on SQLite and in memory,
+        # writers take turns: the publishes usually win)
+        cut = await engine.now() + timedelta(seconds=5)
+        forgotten += await engine.forget_idle_channels(cut, 5)
+        done = asyncio.Event()
+        sweep = asyncio.create_task(_forget_until(engine, done))
+        await asyncio.sleep(0)
+        await asyncio.gather(*(broker.publish("jobs", "again", channel=n) for n in names))
+        done.set()
+        forgotten += await sweep
+        listed = {c.name: c for c in await broker.channels()}
+        assert all(listed[n].waiting == 1 for n in names), listed
+        for d in await engine.acquire(["jobs"], 100, 30):
+            await engine.settle([Settlement(d.id, d.deliveries, Outcome.COMPLETE)])
+    assert forgotten >= 25
+
+
+async def _forget_until(engine: Any, done: asyncio.Event) -> int:
+    n = 0
+    while not done.is_set():
+        n += await engine.forget_idle_channels(await engine.now() + timedelta(seconds=5), 1000)
+        await asyncio.sleep(0)  # the in-memory engine's call never waits: let publishes run
+    return n

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from sqlmq import Broker, ConfigurationError, Message, Retention, serve_metrics
+from sqlmq.maintenance import ChannelSweeper
 
 from .conftest import on_every_engine, rows, sibling, wait_until
 from .test_metrics import scrape, value
@@ -94,6 +95,48 @@ async def test_the_leader_deletes_what_is_past_its_age_in_batches(
         await broker.stop()
         await other.stop()
         await other.close()
+
+
+@on_every_engine
+async def test_the_leader_forgets_idle_channels(
+    broker: Broker, db_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant's channel, limited by its queue's default, handled and then idle: the
+    leader deletes its row (here after no idle time at all), the other broker does not
+    sweep; the tenant's next publish makes the row again and is handled."""
+    monkeypatch.setattr(ChannelSweeper, "IDLE", timedelta(0))
+    monkeypatch.setattr(ChannelSweeper, "EVERY", 0.05)
+    await broker.set_channel_default("jobs", max_concurrency=2)
+    await broker.publish("jobs", {"n": 1}, channel="tenant-1")
+    broker.heartbeat_interval = BEAT
+    other = sibling(broker, db_url, prefix, heartbeat_interval=BEAT)
+    _subscribe(broker)
+    _subscribe(other)
+    await broker.start()
+    await other.start()
+    try:
+        async def channels() -> set[str]:
+            return {c.name for c in await broker.channels()}
+
+        await wait_until(lambda: _lacks(channels, "tenant-1"), timeout=30,
+                         message="the idle channel forgotten")
+        assert broker._sweeper is not None and other._sweeper is not None
+        await wait_until(lambda: broker._sweeper.forgotten + other._sweeper.forgotten >= 1)
+        assert other._sweeper.forgotten == 0  # not the leader: it waited
+        await broker.publish("jobs", {"n": 2}, channel="tenant-1")
+        await wait_until(lambda: _archived(broker, 2), message="the second message handled")
+    finally:
+        await broker.stop()
+        await other.stop()
+        await other.close()
+
+
+async def _lacks(names, name: str) -> bool:  # type: ignore[no-untyped-def]
+    return name not in await names()
+
+
+async def _archived(broker: Broker, n: int) -> bool:
+    return len(await rows(broker, "archive")) >= n
 
 
 def _counted(cleaners, total: int) -> bool:  # type: ignore[no-untyped-def]

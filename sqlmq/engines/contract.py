@@ -191,6 +191,17 @@ class Engine(OperationsContract, Protocol):
         """The settings of ``queue``'s channels without their own; None: no default."""
         ...
 
+    async def forget_idle_channels(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` channel rows nothing needs: no settings of their own, no
+        message of theirs in the table (waiting or running), made and last served before
+        ``before``, no start held back by a rate. A publish makes its channel's row again;
+        what is lost is its last turn and when it was last served, which a channel that
+        comes back after being idle does not need. Without this, every channel a queue
+        ever saw stayed, and with a queue default's limits each acquire read them all
+        (20,000 idle limited channels: MariaDB 30 ms an acquire instead of 5). Returns how
+        many rows were deleted."""
+        ...
+
     async def channel_defaults(self) -> dict[str, ChannelSettings]:
         """The queues' defaults, by queue."""
         ...

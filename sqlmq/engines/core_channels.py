@@ -35,6 +35,7 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    exists,
     func,
     insert,
     literal,
@@ -115,13 +116,18 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
     round. The queue's default is read under a shared lock, so that a change of it waits
     for this publish and then sees its rows (:meth:`ChannelAdmin.set_channel_default`)."""
     c, m, k = schema.channel, schema.message, schema.channel_clock
-    yield _INSERT_IGNORE[dialect.name](c, {"name": name, "queue": queue,
-                                            "created_at": _NOW}), None
     found = select(c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered, c.c.max_size,
                    c.c.queue, c.c.last_turn).where(c.c.name == name)
     if dialect.name != "sqlite":
         found = found.with_for_update()
-    row = (yield found, None).one()
+    row = None
+    for _ in range(3):  # the row may be forgotten between the two (forget_idle_channels)
+        yield _INSERT_IGNORE[dialect.name](c, {"name": name, "queue": queue,
+                                                "created_at": _NOW}), None
+        if (row := (yield found, None).one_or_none()) is not None:
+            break
+    if row is None:
+        raise RuntimeError(f"channel {name!r}: its row vanished three times as it was made")
     settings = (ChannelSettings.from_row(row) if row.configured
                 else (yield from _default_flow(schema, dialect, row.queue)))
     if settings.max_size is not None:
@@ -392,11 +398,15 @@ class ChannelAdmin:
         values = {"configured": int(settings is not None), **(settings or NO_LIMITS).as_row()}
 
         async def write(conn: AsyncConnection) -> int:
-            if settings is not None:  # made if need be (a reset makes nothing)
-                await conn.execute(_INSERT_IGNORE[conn.dialect.name](c, {
-                    "name": name, "queue": queue or "", "created_at": _NOW}))
-            found = (await conn.execute(update(c).where(c.c.name == name)
-                                        .values(**values))).rowcount
+            found = 0
+            for _ in range(3):  # forget_idle_channels may delete it between the two
+                if settings is not None:  # made if need be (a reset makes nothing)
+                    await conn.execute(_INSERT_IGNORE[conn.dialect.name](c, {
+                        "name": name, "queue": queue or "", "created_at": _NOW}))
+                found = (await conn.execute(update(c).where(c.c.name == name)
+                                            .values(**values))).rowcount
+                if found or settings is None:
+                    break
             if found:
                 effective = settings or await run_flow(conn, _default_flow(
                     self.schema, conn.dialect, (await conn.execute(
@@ -411,6 +421,32 @@ class ChannelAdmin:
             else:
                 self._saw_free_channel()
         return bool(found)
+
+    async def forget_idle_channels(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` channel rows nothing needs any more (see the contract).
+        The rows are locked first (those a publish holds are skipped) and the table is read
+        again after the locks, by the DELETE: a publish that held one has committed its
+        message by then, and one that comes after finds the row gone and makes it again
+        (:func:`room_flow`)."""
+        c, m = self.schema.channel, self.schema.message
+        unused = ~exists().where(m.c.channel == c.c.name)
+
+        async def sweep(conn: AsyncConnection) -> int:
+            idle = (select(c.c.name)
+                    .where(c.c.configured == 0, c.c.created_at < before,
+                           or_(c.c.served_at.is_(None), c.c.served_at < before),
+                           or_(c.c.next_start_at.is_(None), c.c.next_start_at <= _NOW),
+                           unused)
+                    .order_by(c.c.name).limit(limit))
+            if conn.dialect.name != "sqlite":  # SQLite's write transaction holds them all
+                idle = idle.with_for_update(skip_locked=True)
+            names = list((await conn.execute(idle)).scalars())
+            if not names:
+                return 0
+            result = await conn.execute(delete(c).where(c.c.name.in_(names), unused))
+            return int(result.rowcount)
+
+        return int(await self._transaction(sweep))
 
     async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
         """Set (or remove) ``queue``'s default, and keep the fair order true to it for the

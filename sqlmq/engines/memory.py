@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from ..channels import ChannelInfo, ChannelSettings, Turns, freed_slots
+from ..channels import Turns, freed_slots
 from ..commit_hooks import on_commit
 from ..dead_letters import DeadLetterNotice
 from ..errors import PublishError
@@ -50,7 +50,7 @@ from ..records import (
 from ..schedules import ScheduleInfo
 from ..schema import SCHEMA_VERSION, Schema
 from ..topics import TopicGroup, group_queue, queues_for
-from .memory_channels import MemoryChannels
+from .memory_channels import MemoryChannelAdmin, MemoryChannels
 from .memory_insights import MemoryInsights
 from .memory_operations import MemoryOperations
 from .memory_schedules import MemorySchedules
@@ -178,7 +178,7 @@ class MemoryStore:
         turn: int | None = None
         if channel is not None:
             turn = self.channels.admit(channel, messages.queue, len(messages),
-                                       self.rows.values())
+                                       self.rows.values(), now)
         for i, (payload, headers, key) in enumerate(zip(messages.payloads, messages.headers,
                                                         keys, strict=True)):
             if key is not None:
@@ -354,7 +354,7 @@ class MemoryStore:
         priority and channel (a channel's message waits as one again, counted against its
         ``max_size``: a full channel refuses them all)."""
         adding = Counter((a.channel, a.queue) for a in found if a.channel is not None)
-        turns = {channel: self.channels.admit(channel, queue, n, self.rows.values())
+        turns = {channel: self.channels.admit(channel, queue, n, self.rows.values(), now)
                  for (channel, queue), n in sorted(adding.items())}
         for a in found:
             del self.archive[a.id]
@@ -473,7 +473,7 @@ def _requeued_key(turns: Turns | None, priority: int) -> int | None:
     return None if turns is None else turns.key(priority)
 
 
-class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):
+class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChannelAdmin):
     """The engine contract in this process's memory, thread-safe (``publish_sync`` may run
     on another thread than the subscribers' loop)."""
 
@@ -642,23 +642,6 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations):
             return self._store.landed(settlements)
 
     # ---- channels -----------------------------------------------------------------------
-
-    async def set_channel(self, name: str, queue: str | None,
-                          settings: ChannelSettings | None) -> bool:
-        with self._lock:
-            return self._store.channels.set(name, queue, settings, self._store.rows.values())
-
-    async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
-        with self._lock:
-            self._store.channels.set_default(queue, settings, self._store.rows.values())
-
-    async def channel_defaults(self) -> dict[str, ChannelSettings]:
-        with self._lock:
-            return dict(sorted(self._store.channels.defaults.items()))
-
-    async def channels(self) -> list[ChannelInfo]:
-        with self._lock:
-            return self._store.channels.infos(self._store.rows.values())
 
     async def cancel(self, msg_id: int) -> Cancellation:
         with self._lock:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ class ChannelRow:
     served_rank: int = 0  # its place among the channels served at ``served_at``
     next_start_at: datetime | None = None
     last_turn: int = 0  # the turn its last message was given
+    created_at: datetime | None = None  # None: made by set_channel (no clock at hand)
 
 
 @dataclass
@@ -56,12 +58,15 @@ class MemoryChannels:
             return ch.settings
         return self.defaults.get(ch.queue, NO_LIMITS)
 
-    def admit(self, name: str, queue: str, adding: int, rows: Iterable[Any]) -> Turns | None:
+    def admit(self, name: str, queue: str, adding: int, rows: Iterable[Any],
+              now: datetime) -> Turns | None:
         """Make channel ``name`` if need be; refuse ``adding`` more messages (a publish's,
         a requeue's) if they would exceed its ``max_size`` (``rows``: the table's rows);
         else, without limits, give them their turns (None: a channel with limits; see
         :mod:`sqlmq.channels`)."""
-        ch = self.channels.setdefault(name, ChannelRow(name, queue))
+        ch = self.channels.get(name)
+        if ch is None:
+            ch = self.channels[name] = ChannelRow(name, queue, created_at=now)
         settings = self.effective(ch)
         if settings.max_size is not None:
             check_size(name, sum(1 for r in rows if r.channel == name), adding,
@@ -79,6 +84,19 @@ class MemoryChannels:
         self.channels.setdefault(name, ChannelRow(name, queue or "")).settings = settings
         self.rekey([name], rows)
         return True
+
+    def forget_idle(self, before: datetime, limit: int, rows: Iterable[Any],
+                    now: datetime) -> int:
+        """As :meth:`.core_channels.ChannelAdmin.forget_idle_channels`."""
+        used = {r.channel for r in rows}
+        idle = sorted(name for name, ch in self.channels.items()
+                      if ch.settings is None and name not in used
+                      and (ch.created_at is None or ch.created_at < before)
+                      and (ch.served_at is None or ch.served_at < before)
+                      and (ch.next_start_at is None or ch.next_start_at <= now))[:limit]
+        for name in idle:
+            del self.channels[name]
+        return len(idle)
 
     def set_default(self, queue: str, settings: ChannelSettings | None,
                     rows: Iterable[Any]) -> None:
@@ -252,4 +270,34 @@ def _pick_order(r: Any) -> tuple[int, datetime, int]:
     return (-r.priority, r.channel_due_at, r.id)
 
 
-__all__ = ["ChannelRow", "MemoryChannels"]
+class MemoryChannelAdmin:
+    """The channel settings and listings of the contract for :class:`~.memory.MemoryEngine`."""
+
+    _lock: threading.Lock
+    _store: Any
+    _now: Any
+
+    async def set_channel(self, name: str, queue: str | None,
+                          settings: ChannelSettings | None) -> bool:
+        with self._lock:
+            return self._store.channels.set(name, queue, settings, self._store.rows.values())
+
+    async def set_channel_default(self, queue: str, settings: ChannelSettings | None) -> None:
+        with self._lock:
+            self._store.channels.set_default(queue, settings, self._store.rows.values())
+
+    async def forget_idle_channels(self, before: datetime, limit: int) -> int:
+        with self._lock:
+            store = self._store
+            return store.channels.forget_idle(before, limit, store.rows.values(), self._now())
+
+    async def channel_defaults(self) -> dict[str, ChannelSettings]:
+        with self._lock:
+            return dict(sorted(self._store.channels.defaults.items()))
+
+    async def channels(self) -> list[ChannelInfo]:
+        with self._lock:
+            return self._store.channels.infos(self._store.rows.values())
+
+
+__all__ = ["ChannelRow", "MemoryChannelAdmin", "MemoryChannels"]

@@ -493,3 +493,35 @@ async def test_a_retry_passes_its_slot_on_and_a_defer_too(env: Env) -> None:
     applied, again = await env.engine.settle_passing([defer], passing(started[0]), ["q"], 30,
                                                      10)
     assert applied == {sent[1]} and ids(again) == [sent[2]]
+
+
+async def test_idle_channels_are_forgotten_and_a_publish_makes_them_again(env: Env) -> None:
+    """``forget_idle_channels`` deletes the rows no channel needs (no settings of their
+    own, no message waiting or running, made and served before the cut, no start held
+    back by a rate), up to ``limit``, and keeps the others; a publish to a forgotten
+    channel makes its row again and runs under the queue's default as before."""
+    engine = env.engine
+    await engine.set_channel_default("q", ChannelSettings(max_concurrency=2))
+    await engine.set_channel("own", "q", ChannelSettings(max_concurrency=1))
+    await engine.set_channel_default("r", ChannelSettings(rate=0.001))
+    await publish(env, "idle", 2)
+    await publish(env, "idle2", 1)
+    running = await publish(env, "running")
+    await publish(env, "slow", queue="r")
+    taken = await engine.acquire(["q"], 10, 30)
+    assert sorted(channels_of(taken)) == ["idle", "idle", "idle2", "running"]
+    (slow,) = await engine.acquire(["r"], 10, 30)  # its next start in 1,000 s
+    await engine.settle([done(d) for d in taken if d.id not in running] + [done(slow)])
+    await publish(env, "waiting")
+    now = await engine.now()
+    assert await engine.forget_idle_channels(now - timedelta(hours=1), 100) == 0  # too new
+    cut = now + timedelta(seconds=1)
+    assert await engine.forget_idle_channels(cut, 1) == 1  # the limit
+    assert await engine.forget_idle_channels(cut, 100) == 1
+    assert await engine.forget_idle_channels(cut, 100) == 0
+    names = {c.name for c in await engine.channels()}
+    assert names == {"own", "running", "slow", "waiting"}
+    back = await publish(env, "idle", 3)  # its row again, under the default: two at once
+    assert "idle" in {c.name for c in await engine.channels()}
+    got = [d for d in await engine.acquire(["q"], 10, 30) if d.id in back]
+    assert len(got) == 2
