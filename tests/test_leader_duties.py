@@ -5,6 +5,7 @@ retention; when it stops, the next takes over."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -71,12 +72,7 @@ async def test_the_leader_deletes_what_is_past_its_age_in_batches(
     retention = Retention(completed=timedelta(days=1), failed=timedelta(days=7), every=0.05,
                           batch=10, pause=0)
     broker.retention = retention
-    broker.heartbeat_interval = BEAT
-    other = sibling(broker, db_url, prefix, retention=retention, heartbeat_interval=BEAT)
-    _subscribe(broker)
-    _subscribe(other)
-    await broker.start()
-    await other.start()
+    other = await _leader_and_other(broker, db_url, prefix, retention=retention)
     try:
         async def left() -> list[int]:
             return sorted(r["id"] for r in await rows(broker, "archive"))
@@ -108,12 +104,7 @@ async def test_the_leader_forgets_idle_channels(
     monkeypatch.setattr(ChannelSweeper, "EVERY", 0.05)
     await broker.set_channel_default("jobs", max_concurrency=2)
     await broker.publish("jobs", {"n": 1}, channel="tenant-1")
-    broker.heartbeat_interval = BEAT
-    other = sibling(broker, db_url, prefix, heartbeat_interval=BEAT)
-    _subscribe(broker)
-    _subscribe(other)
-    await broker.start()
-    await other.start()
+    other = await _leader_and_other(broker, db_url, prefix)
     try:
         async def channels() -> set[str]:
             return {c.name for c in await broker.channels()}
@@ -129,6 +120,18 @@ async def test_the_leader_forgets_idle_channels(
         await broker.stop()
         await other.stop()
         await other.close()
+
+
+async def _leader_and_other(broker: Broker, db_url: str, prefix: str,
+                            **options: Any) -> Broker:
+    """``broker`` started, then another on its tables (``options``): ``broker`` leads."""
+    broker.heartbeat_interval = BEAT
+    other = sibling(broker, db_url, prefix, heartbeat_interval=BEAT, **options)
+    _subscribe(broker)
+    _subscribe(other)
+    await broker.start()
+    await other.start()
+    return other
 
 
 async def _lacks(names, name: str) -> bool:  # type: ignore[no-untyped-def]

@@ -12,13 +12,11 @@ runs until the broker stops.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from ..backoff import Backoff
-from ..tasks import cancel_and_wait
+from .duty import LeaderDuty
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,10 +26,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("sqlmq")
 
 
-class ChannelSweeper:
+class ChannelSweeper(LeaderDuty):
     """Forgets idle channels every ``EVERY`` seconds while ``leading()`` says this process
     leads the live workers."""
 
+    WHAT = "forgetting idle channels"
     #: How long a channel must have been idle (made and last served before then).
     IDLE = timedelta(hours=1)
     BATCH = 1000
@@ -39,24 +38,17 @@ class ChannelSweeper:
     EVERY = 60.0
 
     def __init__(self, engine: Engine, leading: Callable[[], bool]) -> None:
+        super().__init__(leading)
         self.engine = engine
-        self.leading = leading
         #: Channel rows deleted since the start, and passes run.
         self.forgotten = 0
         self.passes = 0
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="sqlmq-channel-sweep")
-            self._task.add_done_callback(self._ended)
+    def interval(self) -> float:
+        return self.EVERY
 
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-
-    async def sweep(self) -> int:
-        """One pass: forget idle channels, batch after batch, while this process leads."""
+    async def run_pass(self) -> int:
+        """Forget idle channels, batch after batch, while this process leads."""
         before = await self.engine.now() - self.IDLE
         total = 0
         while self.leading():
@@ -69,25 +61,6 @@ class ChannelSweeper:
         if total:
             log.info("forgot %d channel(s) idle for %s", total, self.IDLE)
         return total
-
-    async def _run(self) -> None:
-        backoff = Backoff("forgetting idle channels")
-        while True:
-            if self.leading():
-                try:
-                    await self.sweep()
-                except Exception as exc:
-                    await backoff.failed(exc)
-                    continue
-                backoff.succeeded()
-            await asyncio.sleep(self.EVERY)
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._task is None:
-            return
-        exc = task.exception()
-        log.error("forgetting idle channels stopped: %s", "ended" if exc is None else exc,
-                  exc_info=exc)
 
 
 __all__ = ["ChannelSweeper"]

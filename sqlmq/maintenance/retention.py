@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from ..backoff import Backoff
 from ..errors import ConfigurationError
 from ..lifecycle import State
-from ..tasks import cancel_and_wait
+from .duty import LeaderDuty
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,28 +68,26 @@ class Retention:
         return [(state.value, age) for state, age in ages.items() if age is not None]
 
 
-class ArchiveCleaner:
+class ArchiveCleaner(LeaderDuty):
     """Runs :class:`Retention`'s passes every ``retention.every`` seconds while
     ``leading()`` says this process leads."""
 
+    WHAT = "the archive's retention"
+
     def __init__(self, engine: Engine, retention: Retention,
                  leading: Callable[[], bool]) -> None:
+        super().__init__(leading)
         self.engine = engine
         self.retention = retention
-        self.leading = leading
         #: Rows deleted since the start, and passes run.
         self.deleted = 0
         self.passes = 0
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="sqlmq-retention")
-            self._task.add_done_callback(self._ended)
+    def interval(self) -> float:
+        return self.retention.every
 
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+    async def run_pass(self) -> int:
+        return await self.clean()
 
     async def clean(self) -> int:
         """One pass: delete what is past its age, batch after batch; how many. Stops early
@@ -111,25 +108,6 @@ class ArchiveCleaner:
         if total:
             log.info("retention: deleted %d archived message(s) past their age", total)
         return total
-
-    async def _run(self) -> None:
-        backoff = Backoff("the archive's retention")
-        while True:
-            if self.leading():
-                try:
-                    await self.clean()
-                except Exception as exc:
-                    await backoff.failed(exc)
-                    continue
-                backoff.succeeded()
-            await asyncio.sleep(self.retention.every)
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._task is None:
-            return
-        exc = task.exception()
-        log.error("the archive's retention stopped: %s", "ended" if exc is None else exc,
-                  exc_info=exc)
 
 
 __all__ = ["ArchiveCleaner", "Retention"]
