@@ -67,11 +67,18 @@ class IdleReturns:
 
     def _return_idle(self) -> None:
         self._idle_timer = None
-        now = time.monotonic()
-        while self._kept and now - self._kept[0][1] >= self.KEEP_FOR:
-            self._return_soon(self._kept.pop(0)[0])
+        for conn in self._pop_idle():
+            self._return_soon(conn)
         if self._kept:
             self._arm_idle_timer()
+
+    def _pop_idle(self) -> list[AsyncConnection]:
+        """The kept connections idle ``KEEP_FOR`` or more (the load no longer needs them),
+        taken out of the kept ones."""
+        kept, now, idle = self._kept, time.monotonic(), []
+        while kept and now - kept[0][1] >= self.KEEP_FOR:
+            idle.append(kept.pop(0)[0])
+        return idle
 
     def _watch_pool(self) -> None:
         """Follow the pool's checkouts, so that idle kept connections give way to its other
@@ -241,14 +248,12 @@ class KeptConnections(IdleReturns):
         if turn is not None:  # straight to whoever waits longest
             turn.set_result(conn)
             return
-        kept = self._kept
-        now = time.monotonic()
-        while kept and now - kept[0][1] >= self.KEEP_FOR:  # idle since the load fell
-            await self._let_go(kept.pop(0)[0])
-        if self._kept_closed or len(kept) >= self._keep_most:
+        for idle in self._pop_idle():
+            await self._let_go(idle)
+        if self._kept_closed or len(self._kept) >= self._keep_most:
             await self._let_go(conn)
         else:
-            kept.append((conn, now))
+            self._kept.append((conn, time.monotonic()))
             self._kept_one()
 
     def _left(self) -> None:

@@ -31,6 +31,7 @@ class ChannelSweeper(LeaderDuty):
     leads the live workers."""
 
     WHAT = "forgetting idle channels"
+    TASK = "channel-sweep"
     #: How long a channel must have been idle (made and last served before then).
     IDLE = timedelta(hours=1)
     BATCH = 1000

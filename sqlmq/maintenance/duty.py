@@ -18,8 +18,9 @@ log = logging.getLogger("sqlmq")
 class LeaderDuty:
     """Runs :meth:`run_pass` every :meth:`interval` seconds while ``leading()``."""
 
-    #: Names the task and the log lines ("the archive's retention").
+    #: Names the log lines ("the archive's retention"), and the task (``sqlmq-TASK``).
     WHAT = "a leader's duty"
+    TASK = "duty"
 
     def __init__(self, leading: Callable[[], bool]) -> None:
         self.leading = leading
@@ -33,7 +34,7 @@ class LeaderDuty:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"sqlmq-{self.WHAT}")
+            self._task = asyncio.create_task(self._run(), name=f"sqlmq-{self.TASK}")
             self._task.add_done_callback(self._ended)
 
     async def stop(self) -> None:

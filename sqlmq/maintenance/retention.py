@@ -73,6 +73,7 @@ class ArchiveCleaner(LeaderDuty):
     ``leading()`` says this process leads."""
 
     WHAT = "the archive's retention"
+    TASK = "retention"
 
     def __init__(self, engine: Engine, retention: Retention,
                  leading: Callable[[], bool]) -> None:
@@ -87,9 +88,6 @@ class ArchiveCleaner(LeaderDuty):
         return self.retention.every
 
     async def run_pass(self) -> int:
-        return await self.clean()
-
-    async def clean(self) -> int:
         """One pass: delete what is past its age, batch after batch; how many. Stops early
         if this process no longer leads."""
         r = self.retention

@@ -252,18 +252,19 @@ def wait_ready(log_dir: Path, n: int, timeout: float = 60.0,
              watch)
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, failure: str,
-             watch: Sequence[WorkerPool] = ()) -> None:
-    """Poll ``condition`` until it holds; after ``timeout`` seconds, fail with ``failure``.
-    A worker of the pools in ``watch`` that exits meanwhile fails it at once
-    (:meth:`WorkerPool.check`)."""
+def wait_for(condition: Callable[[], bool], timeout: float,
+             failure: str | Callable[[], str], watch: Sequence[WorkerPool] = (),
+             poll: float = 0.05) -> None:
+    """Poll ``condition`` until it holds; after ``timeout`` seconds, fail with ``failure``
+    (or what it returns, read then). A worker of the pools in ``watch`` that exits
+    meanwhile fails it at once (:meth:`WorkerPool.check`)."""
     deadline = time.monotonic() + timeout
     while not condition():
         for pool in watch:
             pool.check()
         if time.monotonic() > deadline:
-            raise AssertionError(failure)
-        time.sleep(0.05)
+            raise AssertionError(failure if isinstance(failure, str) else failure())
+        time.sleep(poll)
 
 
 class Tables:

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Tables, WorkerPool, WorkerSpec, executions, history, kill_run, wait_ready
+from .harness import (
+    Tables,
+    WorkerPool,
+    WorkerSpec,
+    executions,
+    history,
+    kill_run,
+    wait_for,
+    wait_ready,
+)
 
 MESSAGES = int(os.environ.get("SQLMQ_KILL_MESSAGES", "2000"))
 MIN_KILLS = int(os.environ.get("SQLMQ_KILL_MIN_KILLS", "50"))
@@ -63,10 +72,8 @@ def test_long_handler_keeps_its_lease_while_its_process_lives_and_is_redelivered
     deadline = time.monotonic() + 120
     try:
         first.start()
-        while tables.processing() < 1:
-            assert time.monotonic() < deadline, "the first worker did not take the message"
-            first.check()
-            time.sleep(0.02)
+        wait_for(lambda: tables.processing() >= 1, deadline - time.monotonic(),
+                 "the first worker did not take the message", [first], poll=0.02)
         second.start()  # a rival with its own recovery loop, ready to take the message over
         wait_ready(log_dir, 2, watch=[first, second])
         time.sleep(4.0)  # four leases: renewed by the first worker's lease keeper meanwhile
@@ -75,11 +82,8 @@ def test_long_handler_keeps_its_lease_while_its_process_lives_and_is_redelivered
 
         killed = time.monotonic()
         first.kill_random()  # SIGKILL; its replacement and the rival share what is left
-        while tables.left() > 0:
-            assert time.monotonic() < deadline, "the message was not delivered again"
-            first.check()
-            second.check()
-            time.sleep(0.02)
+        wait_for(lambda: tables.left() == 0, deadline - time.monotonic(),
+                 "the message was not delivered again", [first, second], poll=0.02)
         print(f"\nredelivered and completed {time.monotonic() - killed:.1f}s after SIGKILL "
               "(lease 1.0s, recovery every 0.2s)")
     finally:

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Tables, WorkerPool, WorkerSpec, counters, executions, history, wait_ready
+from .harness import (
+    Tables,
+    WorkerPool,
+    WorkerSpec,
+    counters,
+    executions,
+    history,
+    wait_for,
+    wait_ready,
+)
 
 MESSAGES = 20
 
@@ -37,22 +46,15 @@ def test_results_of_expired_deliveries_never_land_and_are_counted_stale(
     deadline = time.monotonic() + 120
     try:
         slow.start()
-        while tables.processing() < MESSAGES:
-            assert time.monotonic() < deadline, "the slow process did not take the messages"
-            slow.check()
-            time.sleep(0.02)
+        wait_for(lambda: tables.processing() >= MESSAGES, deadline - time.monotonic(),
+                 "the slow process did not take the messages", [slow], poll=0.02)
         fast.start()
         wait_ready(fast_dir, 1, watch=[slow, fast])
-        while tables.left() > 0:
-            assert time.monotonic() < deadline, f"{tables.left()} messages left after 120s"
-            slow.check()
-            fast.check()
-            time.sleep(0.05)
+        wait_for(lambda: tables.left() == 0, deadline - time.monotonic(),
+                 lambda: f"{tables.left()} messages left after 120s", [slow, fast])
         # Every slow handler finishes and tries its write before the processes stop.
-        while len(executions(slow_dir)) < MESSAGES:
-            assert time.monotonic() < deadline, "the slow handlers did not finish"
-            slow.check()
-            time.sleep(0.05)
+        wait_for(lambda: len(executions(slow_dir)) >= MESSAGES, deadline - time.monotonic(),
+                 "the slow handlers did not finish", [slow])
     finally:
         fast.stop()
         slow.stop()
