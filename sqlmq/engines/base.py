@@ -138,6 +138,7 @@ class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, Cont
     async def close(self) -> None:
         """Return the kept connections, and dispose of the SQLAlchemy engines sqlmq made
         (a later call makes new ones: the broker may start again)."""
+        await self._close_lookouts()
         await self._close_kept()
         await finish_abandoned()
         if self._owns_db and self._db is not None:

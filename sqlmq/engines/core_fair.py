@@ -5,6 +5,8 @@ engine's lookouts, which skip a part of the acquire until what it serves exists.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ..backoff import describe, unexpected
 from ..channels import ORDERED_PRIORITY, TURN_BITS, ChannelSettings, Turns, first_turn, turn_of
 from ..lifecycle import State
 from ..records import Delivery
@@ -39,6 +42,7 @@ from ..sqltime import db_now_plus
 from .core_operations import not_paused
 from .sql_lists import listed
 
+log = logging.getLogger("sqlmq")
 _NOW = db_now_plus(literal(0.0))
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
 #: How often an engine that has not seen what a part of the acquire serves (a channel, a
@@ -53,11 +57,19 @@ Transaction = Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[
 class Lookout:
     """Whether something that, once made, stays (a channel, a limit, a channel without
     limits) exists: seen when this engine makes it (:meth:`saw`), else looked for at most
-    every :data:`CHANNEL_LOOK_INTERVAL` by ``look`` (a row, or None)."""
+    every :data:`CHANNEL_LOOK_INTERVAL` by ``look`` (a row, or None).
+
+    Only the first look is the caller's: the later ones run in the background, the
+    caller going on with what was known. Each was a transaction of its own in the middle
+    of an acquire, once a second: at 100 msg/s on PostgreSQL, 1.7 ms (up to 11 ms) added
+    to about one delivery in a hundred, the whole of the latency's p99."""
 
     look: Callable[[AsyncConnection], Awaitable[Any]]
+    what: str = "a channel"
     seen: bool = False
     looked_at: float = field(default=float("-inf"))
+    looking: asyncio.Task[None] | None = None
+    failures: int = 0
 
     def saw(self) -> None:
         self.seen = True
@@ -66,11 +78,44 @@ class Lookout:
         if self.seen:
             return True
         now = time.monotonic()
-        if now - self.looked_at < CHANNEL_LOOK_INTERVAL:
+        if now - self.looked_at < CHANNEL_LOOK_INTERVAL or self.looking is not None:
             return False
+        first = self.looked_at == float("-inf")
         self.looked_at = now
-        self.seen = await transaction(self.look) is not None
+        if first:
+            self.seen = await transaction(self.look) is not None
+        else:
+            self.looking = asyncio.get_running_loop().create_task(
+                self._look(transaction), name=f"sqlmq look for {self.what}")
         return self.seen
+
+    async def _look(self, transaction: Transaction) -> None:
+        try:
+            found = await transaction(self.look) is not None
+        except Exception as exc:  # not a cancellation: close() stops a look that way
+            # The next look is due in CHANNEL_LOOK_INTERVAL; until one succeeds, what this
+            # looks for is taken as absent, as before the first look. One line per incident.
+            if not self.failures:
+                log.warning("looking for %s failed (%s); looking again every %.1f s",
+                            self.what, describe(exc), CHANNEL_LOOK_INTERVAL,
+                            exc_info=exc if unexpected(exc) else None)
+            self.failures += 1
+        else:
+            if self.failures:
+                log.warning("looking for %s recovered after %d failed looks", self.what,
+                            self.failures)
+                self.failures = 0
+            self.seen = self.seen or found
+        finally:
+            self.looking = None
+            self.looked_at = time.monotonic()
+
+    async def close(self) -> None:
+        """Stop the look under way (the engine is closing)."""
+        task, self.looking = self.looking, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 @dataclass
@@ -100,7 +145,12 @@ class Lookouts:
                 c.outerjoin(d, d.c.queue == c.c.queue)).where(~limited(c, d)).limit(1)
             )).first()
 
-        return cls(Lookout(channels), Lookout(limits), Lookout(free))
+        return cls(Lookout(channels, "a channel"), Lookout(limits, "a channel limit"),
+                   Lookout(free, "a channel without limits"))
+
+    async def close(self) -> None:
+        for lookout in (self.channels, self.limits, self.free):
+            await lookout.close()
 
 
 class FairAcquire:
@@ -120,6 +170,10 @@ class FairAcquire:
     @cached_property
     def _lookouts(self) -> Lookouts:
         return Lookouts.of(self.schema)
+
+    async def _close_lookouts(self) -> None:
+        if "_lookouts" in self.__dict__:
+            await self._lookouts.close()
 
     def _saw_channels(self) -> None:
         self._lookouts.channels.saw()
