@@ -149,7 +149,7 @@ async def test_acquire_and_settle_plans_do_not_depend_on_the_statistics_of_a_new
                 plan = _plan(await raw.fetchval("EXPLAIN (FORMAT JSON) " + call))
                 found[f"{name}, {mode}"] = plan
     finally:
-        await raw.execute("RESET plan_cache_mode")
+        await raw.execute(postgresql.INDEX_PLANS_ON)  # as the engine keeps its connection
         await engine._checkin(conn)
 
     for case, plan in found.items():
@@ -171,6 +171,7 @@ async def test_the_planner_settings_of_acquire_do_not_reach_the_pool(broker: Bro
     try:
         for conn in conns:
             assert (await conn.execute(text("SHOW enable_seqscan"))).scalar() == "on"
+            assert (await conn.execute(text("SHOW plan_cache_mode"))).scalar() == "auto"
     finally:
         for conn in conns:
             await conn.close()
