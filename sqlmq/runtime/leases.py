@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..backoff import Backoff, describe
 from ..lifecycle import Settlement
@@ -13,22 +12,16 @@ from ..middleware import NO_HOOKS, Hooks
 from ..records import Delivery
 from ..tasks import cancel_and_wait, loop_task
 from .counters import RuntimeCounters
+from .lease_deadlines import Key, LeaseDeadlines
 
 if TYPE_CHECKING:
     from ..engines.contract import Engine
-    from ..message import Message
     from ..subscriber import SubscriberConfig
 
 log = logging.getLogger("sqlmq")
 
-Key = tuple[int, int]  # (id, deliveries): one delivery, its fencing token
-
 #: Leases extended by one statement.
 EXTEND_CHUNK = 1000
-
-
-class LeaseRanOut(Exception):
-    """A handler was cancelled because its lease could not be renewed in time."""
 
 
 class Holdings:
@@ -37,18 +30,18 @@ class Holdings:
     once a result is written or given up, the lease keeper reads and marks losses, a worker
     skips a lost one. Plain containers, shared.
 
-    ``timers`` bound the running handlers by their lease: each ends at its delivery's
+    ``deadlines`` bound the running handlers by their lease: each ends at its delivery's
     ``renewed_until``, which the lease keeper pushes on with every extension. A handler
     whose lease could not be extended in time (the database slow or out of reach, the
     process starved) is cancelled there, before the lease can expire in the database and
     another process start the message again (:func:`within_lease`)."""
 
-    __slots__ = ("held", "lost", "renewing", "timers")
+    __slots__ = ("deadlines", "held", "lost", "renewing")
 
     def __init__(self) -> None:
         self.held: dict[Key, Delivery] = {}
         self.lost: set[Key] = set()
-        self.timers: dict[Key, asyncio.Timeout] = {}
+        self.deadlines = LeaseDeadlines()
         #: When the lease keeper's renewal under way started (loop time; None: none is),
         #: for the warning of a cancelled handler: a slow database or a starved process.
         self.renewing: float | None = None
@@ -58,7 +51,7 @@ class Holdings:
         seconds: its handler may run until then (the last extension is the one that counts,
         a shorter one included: the database keeps only the last)."""
         d.renewed_until = until
-        self._reschedule((d.id, d.deliveries), until)
+        self.deadlines.reschedule((d.id, d.deliveries), until)
 
     def ran_out_while_running(self, d: Delivery, counters: RuntimeCounters, handler: str,
                               lease: float) -> None:
@@ -82,13 +75,7 @@ class Holdings:
 
     def ran_out(self, key: Key) -> None:
         """``key``'s lease is lost: a handler still running it is cancelled now."""
-        self._reschedule(key, asyncio.get_running_loop().time())
-
-    def _reschedule(self, key: Key, when: float) -> None:
-        """Move the end of ``key``'s running handler, if one runs and has not ended."""
-        timer = self.timers.get(key)
-        if timer is not None and not timer.expired():
-            timer.reschedule(when)
+        self.deadlines.reschedule(key, asyncio.get_running_loop().time())
 
     def flag_cancel(self, ids: set[int]) -> None:
         """Mark the held deliveries of ``ids`` as asked to cancel (``msg.cancel_requested``;
@@ -96,25 +83,6 @@ class Holdings:
         for (msg_id, _), d in list(self.held.items()):
             if msg_id in ids:
                 d.cancel_requested = True
-
-
-async def within_lease(call: Callable[[Message], Awaitable[Any]], msg: Message,
-                       d: Delivery, timers: dict[Key, asyncio.Timeout]) -> Any:
-    """``call(msg)`` until ``d``'s lease may have ended: at ``d.renewed_until``, which each
-    extension pushes on (:meth:`Holdings.renewed`), it is cancelled and
-    :class:`LeaseRanOut` raised, so that a handler never runs beside the next delivery of
-    its message (or past its channel's concurrency limit)."""
-    key = (d.id, d.deliveries)
-    try:
-        async with asyncio.timeout_at(d.renewed_until) as timer:
-            timers[key] = timer
-            return await call(msg)
-    except TimeoutError:
-        if timer.expired():
-            raise LeaseRanOut from None
-        raise
-    finally:
-        timers.pop(key, None)
 
 
 class LeaseKeeper:

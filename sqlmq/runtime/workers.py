@@ -26,7 +26,8 @@ from ..pipeline import onward
 from ..records import Delivery
 from .buffer import WorkBuffer
 from .flusher import Flusher
-from .leases import Holdings, LeaseRanOut, within_lease
+from .lease_deadlines import LeaseRanOut, within_lease
+from .leases import Holdings
 from .quarantine import Quarantine, is_suspect
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ class Workers:
         result = None
         try:
             if cfg.renew_leases and d.renewed_until is not None:
-                result = await within_lease(self._call, msg, d, self._holdings.timers)
+                result = await within_lease(self._call, msg, d, self._holdings.deadlines)
             else:
                 result = await self._call(msg)
         except LeaseRanOut:  # nothing to write: the message comes back after its lease
