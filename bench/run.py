@@ -77,7 +77,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 #: The runs of ``channels``.
-CHANNEL_CASES = ("plain", "spread", "ordered", "limited", "fairness")
+CHANNEL_CASES = ("plain", "spread", "ordered", "deep", "limited", "fairness")
 
 
 def dbs(args: argparse.Namespace) -> list[str]:
@@ -334,11 +334,17 @@ def run_channels(args: argparse.Namespace) -> str:
 
     limited, limit, sleep = 8, 2, 0.01
     expected = limited * limit / sleep
+    # A few ordered channels with deep backlogs: each runs one message at a time, so at
+    # best the number of channels over the handler's time.
+    deep, deep_n, deep_sleep, deep_workers = 10, 2000, 0.005, 16
+    deep_expected = deep / deep_sleep
     cases = _channel_cases(args.cases)
     runs: dict[str, Any] = {
         "plain": lambda db: drain_rate(db, args.n),
         "spread": lambda db: drain_rate(db, args.n, args.channels),
         "ordered": lambda db: drain_rate(db, args.n, args.channels, ordered=True),
+        "deep": lambda db: drain_rate(db, deep_n, deep, deep_sleep,
+                                      {"workers": deep_workers}, ordered=True),
         "limited": lambda db: drain_rate(
             db, int(expected * 5), limited, sleep,
             {"workers": LIMITED_WORKERS, "fetch_batch": LIMITED_WORKERS,
@@ -367,6 +373,10 @@ def run_channels(args: argparse.Namespace) -> str:
                        ">= 80%"),
             "ordered": (f"{args.channels:,} ordered channels", lambda: ratio("ordered"),
                         ">= 70%"),
+            "deep": (f"{deep} ordered channels x {deep_n // deep:,}, "
+                     f"{deep_sleep * 1000:.0f} ms handlers, {deep_workers} workers",
+                     lambda: f"{100 * med('deep') / deep_expected:.0f}% of "
+                             f"{deep_expected:,.0f}", "(one at a time per channel)"),
             "limited": (f"{limited} channels x max_concurrency={limit}, "
                         f"{sleep * 1000:.0f} ms handlers",
                         lambda: f"{100 * med('limited') / expected:.0f}% of {expected:,.0f}",
