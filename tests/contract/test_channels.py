@@ -265,10 +265,15 @@ async def test_channel_messages_wait_for_their_delay_and_leave_plain_ones_alone(
         env: Env) -> None:
     plain = await env.publish("q", b"p1", b"p2")
     later = await publish(env, "a", 1, delay=0.3)
-    assert ids(await env.engine.acquire(["q"], 10, 30)) == plain
+    # On a loaded machine the delay may run out before this acquire (CI saw it): then the
+    # channel's message comes too, and acquire_early checks it was due when taken.
+    came = await env.acquire_early()
+    assert ids([d for d in came if d.id not in later]) == plain
     assert await env.engine.acquire(["other"], 10, 30) == []
-    await env.passes(0.35)
-    (d,) = await env.engine.acquire(["q"], 10, 30)
+    if not [d for d in came if d.id in later]:
+        await env.passes(0.35)
+        came = await env.engine.acquire(["q"], 10, 30)
+    (d,) = [d for d in came if d.id in later]
     assert d.id == later[0] and d.scheduled_at is not None
     assert d.scheduled_at >= d.created_at + timedelta(seconds=0.29)
 
