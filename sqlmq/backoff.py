@@ -27,22 +27,37 @@ def unexpected(exc: BaseException) -> bool:
     return not isinstance(exc, DBAPIError | OSError | TimeoutError | ConnectionError)
 
 
-class Backoff:
-    def __init__(self, what: str, base: float = 0.05, cap: float = 5.0) -> None:
+class FailureRun:
+    """One log line when a repeated task starts failing and one when it succeeds again, none
+    between: a task that fails every pass does not fill the log. The first failure's
+    traceback is logged when it is not a database's or a lost connection's."""
+
+    def __init__(self, what: str, tries: str = "tries") -> None:
         self.what = what
-        self.base = base
-        self.cap = cap
+        self.tries = tries  # what the recovery line counts ("tries", "looks")
         self.failures = 0
 
-    async def failed(self, exc: BaseException) -> None:
+    def note(self, exc: BaseException, then: str = "retrying with backoff") -> None:
+        """A failure; ``then``: what happens next, for the first one's line."""
         if self.failures == 0:
-            log.warning("%s failed (%s); retrying with backoff", self.what, describe(exc),
+            log.warning("%s failed (%s); %s", self.what, describe(exc), then,
                         exc_info=exc if unexpected(exc) else None)
         self.failures += 1
-        delay = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
-        await asyncio.sleep(delay * random.uniform(0.5, 1.5))
 
     def succeeded(self) -> None:
         if self.failures:
-            log.warning("%s recovered after %d failed tries", self.what, self.failures)
+            log.warning("%s recovered after %d failed %s", self.what, self.failures,
+                        self.tries)
             self.failures = 0
+
+
+class Backoff(FailureRun):
+    def __init__(self, what: str, base: float = 0.05, cap: float = 5.0) -> None:
+        super().__init__(what)
+        self.base = base
+        self.cap = cap
+
+    async def failed(self, exc: BaseException) -> None:
+        self.note(exc)
+        delay = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
+        await asyncio.sleep(delay * random.uniform(0.5, 1.5))

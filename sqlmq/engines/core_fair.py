@@ -6,7 +6,6 @@ engine's lookouts, which skip a part of the acquire until what it serves exists.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..backoff import describe, unexpected
+from ..backoff import FailureRun
 from ..channels import ORDERED_PRIORITY, TURN_BITS, ChannelSettings, Turns, first_turn, turn_of
 from ..lifecycle import State
 from ..records import Delivery
@@ -42,7 +41,6 @@ from ..sqltime import db_now_plus
 from .core_operations import not_paused
 from .sql_lists import listed
 
-log = logging.getLogger("sqlmq")
 _NOW = db_now_plus(literal(0.0))
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
 #: How often an engine that has not seen what a part of the acquire serves (a channel, a
@@ -69,7 +67,10 @@ class Lookout:
     seen: bool = False
     looked_at: float = field(default=float("-inf"))
     looking: asyncio.Task[None] | None = None
-    failures: int = 0
+    failed: FailureRun = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.failed = FailureRun(f"looking for {self.what}", tries="looks")
 
     def saw(self) -> None:
         self.seen = True
@@ -94,17 +95,10 @@ class Lookout:
             found = await transaction(self.look) is not None
         except Exception as exc:  # not a cancellation: close() stops a look that way
             # The next look is due in CHANNEL_LOOK_INTERVAL; until one succeeds, what this
-            # looks for is taken as absent, as before the first look. One line per incident.
-            if not self.failures:
-                log.warning("looking for %s failed (%s); looking again every %.1f s",
-                            self.what, describe(exc), CHANNEL_LOOK_INTERVAL,
-                            exc_info=exc if unexpected(exc) else None)
-            self.failures += 1
+            # looks for is taken as absent, as before the first look.
+            self.failed.note(exc, f"looking again every {CHANNEL_LOOK_INTERVAL:.1f} s")
         else:
-            if self.failures:
-                log.warning("looking for %s recovered after %d failed looks", self.what,
-                            self.failures)
-                self.failures = 0
+            self.failed.succeeded()
             self.seen = self.seen or found
         finally:
             self.looking = None
