@@ -74,6 +74,9 @@ from .rows import blob, decode_history, decode_rows, headers_of, undecodable_del
 from .sql_lists import list_rows, listed, served_in_order
 
 _NOW = db_now_plus(literal(0.0))
+#: How often a statement that makes a channel's row and then reads or updates it tries
+#: again when the row was deleted between the two (forget_idle_channels): once is rare.
+_MAKE_TRIES = 3
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
 
 _INSERT_IGNORE: dict[str, Callable[..., Any]] = {
@@ -121,13 +124,14 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
     if dialect.name != "sqlite":
         found = found.with_for_update()
     row = None
-    for _ in range(3):  # the row may be forgotten between the two (forget_idle_channels)
+    for _ in range(_MAKE_TRIES):  # the row may be forgotten between the two
         yield _INSERT_IGNORE[dialect.name](c, {"name": name, "queue": queue,
                                                 "created_at": _NOW}), None
         if (row := (yield found, None).one_or_none()) is not None:
             break
     if row is None:
-        raise RuntimeError(f"channel {name!r}: its row vanished three times as it was made")
+        raise RuntimeError(f"channel {name!r}: its row vanished {_MAKE_TRIES} times as it "
+                           "was made")
     settings = (ChannelSettings.from_row(row) if row.configured
                 else (yield from _default_flow(schema, dialect, row.queue)))
     if settings.max_size is not None:
@@ -399,7 +403,7 @@ class ChannelAdmin:
 
         async def write(conn: AsyncConnection) -> int:
             found = 0
-            for _ in range(3):  # forget_idle_channels may delete it between the two
+            for _ in range(_MAKE_TRIES):  # the row may be forgotten between the two
                 if settings is not None:  # made if need be (a reset makes nothing)
                     await conn.execute(_INSERT_IGNORE[conn.dialect.name](c, {
                         "name": name, "queue": queue or "", "created_at": _NOW}))
