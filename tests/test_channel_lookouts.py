@@ -40,9 +40,9 @@ async def test_channels_another_broker_makes_are_looked_for_beside_the_acquire(
         await asyncio.sleep(0.06)  # past the interval: this acquire starts a look
         before = lookout.looked_at
         assert await engine.acquire(["q"], 10, 30) == []
-        if lookout.looking is not None:  # it may have ended while the acquire ran
-            await lookout.looking
-        assert lookout.looking is None and lookout.looked_at > before
+        if lookout.task is not None:  # it may have ended while the acquire ran
+            await lookout.task
+        assert lookout.task is None and lookout.looked_at > before
 
     try:
         plain = await broker.publish("q", b"p")

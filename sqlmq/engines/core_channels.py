@@ -62,12 +62,13 @@ from ..channels import (
     first_turn,
     next_start,
     share,
+    window_room,
 )
 from ..lifecycle import State
 from ..records import Delivery, NewMessages
 from ..schema import Schema, channel_index_of
 from ..sqltime import db_now_plus
-from .core_fair import CHANNEL_LOOK_INTERVAL, FairAcquire, limited, rekey
+from .core_fair import CHANNEL_LOOK_INTERVAL, FairAcquire, limited, rekey, window_of
 from .core_operations import not_paused
 from .core_publish import Flow, Step, publish_flow, run_flow
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
@@ -143,7 +144,12 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
     clock = (yield select(k.c.turn).where(k.c.queue == queue), None).scalar()
     turn = first_turn(row.last_turn, clock)
     yield update(c).where(c.c.name == name).values(last_turn=turn + adding - 1), None
-    return Turns(turn, settings.ordered)
+    if not settings.ordered:
+        return Turns(turn)
+    # Under the row's lock, so publishes to the channel see each other's messages; a
+    # take of its head committing meanwhile may miss these (see core_fair's HeadMending).
+    window = (yield window_of(schema, literal(name)), None).one()
+    return Turns(turn, ordered=True, room=window_room(window.waiting, bool(window.blocked)))
 
 
 def _default_flow(schema: Schema, dialect: Dialect,
@@ -198,12 +204,18 @@ class ChannelStatements(FairAcquire):
     async def _acquire_channels(self, queues: Sequence[str], limit: int,
                                 lease: float) -> list[Delivery]:
         """The channels with limits (:meth:`_acquire_limited`), then the others in fair
-        order (:meth:`_acquire_fair`) with what they left of ``limit``."""
+        order (:meth:`_acquire_fair`) with what they left of ``limit``; if those were
+        fewer, a mending of ordered channels' heads, in the background (at most once a
+        :data:`.core_fair.CHANNEL_LOOK_INTERVAL`)."""
         lookouts = self._lookouts
         out = (await self._acquire_limited(queues, limit, lease)
                if await lookouts.limits.sees(self._transaction) else [])
         if len(out) < limit and await lookouts.free.sees(self._transaction):
-            out += await self._acquire_fair(queues, limit - len(out), lease)
+            fair = await self._acquire_fair(queues, limit - len(out), lease)
+            if (len(fair) < limit - len(out)
+                    and await lookouts.ordered.sees(self._transaction)):
+                self._mending.due(self._transaction)
+            out += fair
         return out
 
     async def _acquire_limited(self, queues: Sequence[str], limit: int,

@@ -6,6 +6,7 @@ engine's lookouts, which skip a part of the acquire until what it serves exists.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,17 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..backoff import FailureRun
-from ..channels import ORDERED_PRIORITY, TURN_BITS, ChannelSettings, Turns, first_turn, turn_of
+from ..channels import (
+    BLOCKED,
+    ORDERED_PRIORITY,
+    ORDERED_WINDOW,
+    TURN_BITS,
+    ChannelSettings,
+    Turns,
+    first_turn,
+    turn_of,
+    window_room,
+)
 from ..lifecycle import State
 from ..records import Delivery
 from ..schema import MAX_PRIORITY, Schema
@@ -41,7 +52,9 @@ from ..sqltime import db_now_plus
 from .core_operations import not_paused
 from .sql_lists import listed
 
+log = logging.getLogger("sqlmq")
 _NOW = db_now_plus(literal(0.0))
+_BLOCKED = literal(BLOCKED, BigInteger())
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
 #: How often an engine that has not seen what a part of the acquire serves (a channel, a
 #: limit, a channel without limits) looks again whether it exists: another process may
@@ -51,8 +64,45 @@ CHANNEL_LOOK_INTERVAL = 1.0
 Transaction = Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
 
 
+class Aside:
+    """Database work an acquire leaves to a task of its own, one at a time: its failures
+    logged once per run of them (with the traceback when unexpected), never raised into
+    the acquire."""
+
+    what: str
+    task: asyncio.Task[None] | None = None
+    failed: FailureRun
+    #: What the first failure's line says comes next, before the interval.
+    AGAIN = "again in"
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self._guarded(work), name=f"sqlmq {self.what}")
+
+    async def _guarded(self, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except Exception as exc:  # not a cancellation: close() stops the work that way
+            self.failed.note(exc, f"{self.AGAIN} {CHANNEL_LOOK_INTERVAL:.1f} s")
+        else:
+            self.failed.succeeded()
+        finally:
+            self.task = None
+            self._ended()
+
+    def _ended(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        """Stop the work under way (the engine is closing)."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 @dataclass
-class Lookout:
+class Lookout(Aside):
     """Whether something that, once made, stays (a channel, a limit, a channel without
     limits) exists: seen when this engine makes it (:meth:`saw`), else looked for at most
     every :data:`CHANNEL_LOOK_INTERVAL` by ``look`` (a row, or None).
@@ -60,17 +110,20 @@ class Lookout:
     Only the first look is the caller's: the later ones run in the background, the
     caller going on with what was known. Each was a transaction of its own in the middle
     of an acquire, once a second: at 100 msg/s on PostgreSQL, 1.7 ms (up to 11 ms) added
-    to about one delivery in a hundred, the whole of the latency's p99."""
+    to about one delivery in a hundred, the whole of the latency's p99. Until a look
+    succeeds, what it looks for is taken as absent, as before the first."""
 
     look: Callable[[AsyncConnection], Awaitable[Any]]
     what: str = "a channel"
     seen: bool = False
     looked_at: float = field(default=float("-inf"))
-    looking: asyncio.Task[None] | None = None
+    task: asyncio.Task[None] | None = None
     failed: FailureRun = field(init=False)
+    AGAIN = "looking again every"
 
     def __post_init__(self) -> None:
-        self.failed = FailureRun(f"looking for {self.what}", tries="looks")
+        self.what = f"looking for {self.what}"
+        self.failed = FailureRun(self.what, tries="looks")
 
     def saw(self) -> None:
         self.seen = True
@@ -79,47 +132,75 @@ class Lookout:
         if self.seen:
             return True
         now = time.monotonic()
-        if now - self.looked_at < CHANNEL_LOOK_INTERVAL or self.looking is not None:
+        if now - self.looked_at < CHANNEL_LOOK_INTERVAL or self.task is not None:
             return False
         first = self.looked_at == float("-inf")
         self.looked_at = now
         if first:
             self.seen = await transaction(self.look) is not None
         else:
-            self.looking = asyncio.get_running_loop().create_task(
-                self._look(transaction), name=f"sqlmq look for {self.what}")
+            self._spawn(self._look(transaction))
         return self.seen
 
     async def _look(self, transaction: Transaction) -> None:
-        try:
-            found = await transaction(self.look) is not None
-        except Exception as exc:  # not a cancellation: close() stops a look that way
-            # The next look is due in CHANNEL_LOOK_INTERVAL; until one succeeds, what this
-            # looks for is taken as absent, as before the first look.
-            self.failed.note(exc, f"looking again every {CHANNEL_LOOK_INTERVAL:.1f} s")
-        else:
-            self.failed.succeeded()
-            self.seen = self.seen or found
-        finally:
-            self.looking = None
-            self.looked_at = time.monotonic()
+        self.seen = self.seen or await transaction(self.look) is not None
 
-    async def close(self) -> None:
-        """Stop the look under way (the engine is closing)."""
-        task, self.looking = self.looking, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    def _ended(self) -> None:
+        self.looked_at = time.monotonic()
+
+
+@dataclass
+class HeadMending(Aside):
+    """Lets in (:func:`promotion`) the first blocked message of every ordered channel
+    with none below :data:`~sqlmq.channels.BLOCKED`, at most every
+    :data:`CHANNEL_LOOK_INTERVAL`, beside an acquire that found less than it could take.
+
+    The acquire lets one in each time it takes a head, so a window runs out with blocked
+    messages behind it only when the messages in it stop waiting other than by being
+    taken (cancelled, deleted, expired), or when a publish read the channel, under its
+    row's lock, just as an acquire that does not lock that row took the head: the
+    publish saw the window full and blocked its own; the take's letting in, in a
+    snapshot from before the publish, found nothing to let in. Those are rare; a pass
+    costs two probes per ordered channel."""
+
+    mend: Callable[[AsyncConnection], Awaitable[int]]
+    what: str = "letting in the next messages of ordered channels"
+    mended_at: float = field(default=float("-inf"))
+    #: Messages let in by the passes (a figure for tests and operators).
+    let_in: int = 0
+    task: asyncio.Task[None] | None = None
+    failed: FailureRun = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.failed = FailureRun(self.what)
+
+    def due(self, transaction: Transaction) -> None:
+        """Start a pass unless one runs or ran less than the interval ago."""
+        now = time.monotonic()
+        if self.task is None and now - self.mended_at >= CHANNEL_LOOK_INTERVAL:
+            self.mended_at = now
+            self._spawn(self._pass(transaction))
+
+    async def _pass(self, transaction: Transaction) -> None:
+        n = await transaction(self.mend)
+        if n:
+            self.let_in += n
+            log.debug("let in the next message of %d ordered channel(s) that had none", n)
+
+    def _ended(self) -> None:
+        self.mended_at = time.monotonic()
 
 
 @dataclass
 class Lookouts:
     """An engine's: any channel; any limit (a channel's own or a queue default's); any
-    channel without limits."""
+    channel without limits; any ordered channel without other limits (whose heads may
+    need mending, :class:`HeadMending`)."""
 
     channels: Lookout
     limits: Lookout
     free: Lookout
+    ordered: Lookout
 
     @classmethod
     def of(cls, schema: Schema) -> Lookouts:
@@ -139,11 +220,16 @@ class Lookouts:
                 c.outerjoin(d, d.c.queue == c.c.queue)).where(~limited(c, d)).limit(1)
             )).first()
 
+        async def ordered(conn: AsyncConnection) -> Any:
+            return (await conn.execute(select(c.c.name).where(_ordered_free(schema))
+                                       .limit(1))).first()
+
         return cls(Lookout(channels, "a channel"), Lookout(limits, "a channel limit"),
-                   Lookout(free, "a channel without limits"))
+                   Lookout(free, "a channel without limits"),
+                   Lookout(ordered, "an ordered channel"))
 
     async def close(self) -> None:
-        for lookout in (self.channels, self.limits, self.free):
+        for lookout in (self.channels, self.limits, self.free, self.ordered):
             await lookout.close()
 
 
@@ -165,9 +251,20 @@ class FairAcquire:
     def _lookouts(self) -> Lookouts:
         return Lookouts.of(self.schema)
 
+    @cached_property
+    def _mending(self) -> HeadMending:
+        mend = promotion(self.schema, _ordered_free(self.schema), mending=True)
+
+        async def run(conn: AsyncConnection) -> int:
+            return (await conn.execute(mend)).rowcount
+
+        return HeadMending(run)
+
     async def _close_lookouts(self) -> None:
         if "_lookouts" in self.__dict__:
             await self._lookouts.close()
+        if "_mending" in self.__dict__:
+            await self._mending.close()
 
     def _saw_channels(self) -> None:
         self._lookouts.channels.saw()
@@ -189,7 +286,8 @@ class FairAcquire:
         (``SKIP LOCKED``), taken, and the queue's clock moved to the lowest turn taken, so
         that a channel that had nothing waiting joins this round. No channel row is locked
         or written: nothing about these channels needs counting. A limit set on one of
-        them applies from the next acquire, as to the deliveries already running."""
+        them applies from the next acquire, as to the deliveries already running. Taking
+        an ordered channel's head lets its next message in (:func:`promotion`)."""
         sql, key = self._fair_sql, tuple(queues)
 
         async def take(conn: AsyncConnection) -> tuple[list[Delivery], dict[str, int]]:
@@ -202,6 +300,8 @@ class FairAcquire:
             if not rows:
                 return [], {}
             out = await self._take_fair(conn, rows, lease)
+            if heads := sorted({r.channel for r in rows if r.ordered}):
+                await conn.execute(sql.let_in, {"names": heads})
             clocks: dict[str, int] = {}
             for r in rows:
                 turn = turn_of(r.fair_key)
@@ -239,6 +339,8 @@ class FairSql:
                 listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
                 m.c.channel_due_at.is_not(None)).with_for_update(skip_locked=True)
         self.clock = _CLOCK_UPSERT[dialect.name](schema.channel_clock)
+        self.let_in = promotion(schema, schema.channel.c.name.in_(
+            bindparam("names", expanding=True)))
 
 
 async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
@@ -249,15 +351,20 @@ async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
     that have no key get turns as a publish gives them, one per message in id order after
     the channel's last turn or its queue's clock. Ordered, every message gets a new key
     without its priority, its running ones first: key order is then the order they may
-    start in, whatever keys the earlier settings gave."""
+    start in, whatever keys the earlier settings gave, and the waiting ones past the first
+    :data:`~sqlmq.channels.ORDERED_WINDOW` wait :data:`~sqlmq.channels.BLOCKED`; no longer
+    ordered, blocked keys are given anew."""
     c, m, k = schema.channel, schema.message, schema.channel_clock
     mine = m.c.channel.in_(names)
     if settings.limited or settings.ordered:
         await conn.execute(update(m).where(mine, m.c.fair_key.is_not(None))
                            .values(fair_key=None))
+    else:  # blocked keys, of an ordered channel that is no longer: out of the fair read
+        await conn.execute(update(m).where(mine, m.c.fair_key >= _BLOCKED)
+                           .values(fair_key=None))
     if settings.limited:
         return
-    keyless = (await conn.execute(select(m.c.id, m.c.channel, m.c.priority).where(
+    keyless = (await conn.execute(select(m.c.id, m.c.channel, m.c.priority, m.c.state).where(
         mine, m.c.fair_key.is_(None)).order_by(
             m.c.state != State.PROCESSING.value, m.c.id))).all()
     if not keyless:
@@ -269,9 +376,15 @@ async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
     last = {name: first_turn(r.last_turn, clocks.get(r.queue)) - 1
             for name, r in channels.items()}
     keys = []
+    waiting: dict[str, int] = {}  # per ordered channel, how many wait in its window
     for r in keyless:
         last[r.channel] += 1
-        keys.append({"i": r.id, "k": Turns(last[r.channel], settings.ordered).key(r.priority)})
+        room = None
+        if settings.ordered and r.state != State.PROCESSING.value:
+            room = window_room(waiting.get(r.channel, 0), False)
+            waiting[r.channel] = waiting.get(r.channel, 0) + 1
+        keys.append({"i": r.id, "k": Turns(last[r.channel], settings.ordered, room)
+                     .key(r.priority)})
     await conn.execute(update(m).where(m.c.id == bindparam("i")).values(
         fair_key=bindparam("k")), keys)
     await conn.execute(update(c).where(c.c.name == bindparam("n")).values(
@@ -280,11 +393,14 @@ async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
 
 def requeued_key(archive: Any, turns: dict[str, Turns]) -> Any:
     """The ``fair_key`` of an archived row requeued to its channel (``turns``: each
-    channel's, from :func:`room_flow`; an ordered channel's leave the priority out): NULL
+    channel's, from :func:`room_flow`; an ordered channel's leave the priority out, and
+    are :data:`~sqlmq.channels.BLOCKED` if its window was full or had blocked ones behind
+    it; they share a turn, so else all of them go into it, which only widens it): NULL
     for a row without a channel."""
     if not turns:
         return null()
-    turn = case({name: t.first for name, t in turns.items()}, value=archive.c.channel)
+    turn = case({name: literal(t.first + (BLOCKED if t.blocks() else 0), BigInteger())
+                 for name, t in turns.items()}, value=archive.c.channel)
     ordered = {name: literal(ORDERED_PRIORITY) for name, t in turns.items() if t.ordered}
     priority = (case(ordered, value=archive.c.channel, else_=archive.c.priority)
                 if ordered else archive.c.priority)
@@ -328,8 +444,9 @@ def _first_of_channel(m: Any) -> Any:
 
 def _fair_pick(schema: Schema) -> Any:
     """Up to ``most`` due messages of the channels without limits in the ``queues`` (not
-    paused), in ``fair_key`` order, an ordered channel's only while nothing of its comes
-    before them; with whether their channel is ordered. Each row's channel is looked up by
+    paused), in ``fair_key`` order below :data:`~sqlmq.channels.BLOCKED`, an ordered
+    channel's only while nothing of its comes before them; with whether their channel is
+    ordered. Each row's channel is looked up by
     a correlated subquery, not a join: with a join, PostgreSQL read every channel's
     messages and sorted them all (30-50 ms for 20,000 in 1,000 channels); this way it reads
     the fair index in order and stops at ``most``."""
@@ -339,10 +456,79 @@ def _fair_pick(schema: Schema) -> Any:
     return (select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.queue, m.c.fair_key,
                    (kind == 1).label("ordered"))
             .where(m.c.queue.in_(bindparam("queues", expanding=True)),
-                   m.c.fair_key.is_not(None), m.c.channel_due_at <= _NOW,
+                   m.c.fair_key.is_not(None), m.c.fair_key < _BLOCKED,
+                   m.c.channel_due_at <= _NOW,
                    m.c.state.in_(_WAITING), not_paused(schema, m.c.queue), turn == 1)
             .order_by(m.c.fair_key, m.c.id)
             .limit(bindparam("most", type_=Integer())))
+
+
+def _ordered_free(schema: Schema) -> Any:
+    """Channel row ``c`` is ordered without other limits, by its own settings or, not
+    configured, its queue's default (:func:`_fair_kind` 1)."""
+    c, d = schema.channel, schema.channel_default
+
+    def ordered_free(t: Any) -> Any:
+        return and_(func.coalesce(t.c.ordered, 0) != 0, ~_has_limits(t))
+
+    return or_(and_(c.c.configured == 1, ordered_free(c)),
+               and_(c.c.configured != 1, exists().where(d.c.queue == c.c.queue,
+                                                        ordered_free(d))))
+
+
+def _waiting_in_window(schema: Schema, channel: Any) -> Any:
+    """How many messages of ``channel`` wait in the fair read (below
+    :data:`~sqlmq.channels.BLOCKED`): about :data:`~sqlmq.channels.ORDERED_WINDOW` at
+    most, so a count of one index range is cheap."""
+    u = schema.message.alias("u")
+    return (select(func.count()).select_from(u)
+            .where(u.c.channel == channel, u.c.fair_key < _BLOCKED,
+                   u.c.channel_due_at.is_not(None)).scalar_subquery())
+
+
+def window_of(schema: Schema, channel: Any) -> Any:
+    """Ordered channel ``channel``'s window: how many of its messages wait in it
+    (``waiting``), and whether any wait blocked behind it (``blocked``)."""
+    b = schema.message.alias("b")
+    blocked = exists().where(b.c.channel == channel, b.c.fair_key >= _BLOCKED)
+    return select(_waiting_in_window(schema, channel).label("waiting"),
+                  blocked.label("blocked"))
+
+
+def _window_span(schema: Schema, channel: Any) -> Any:
+    """Turns from ``channel``'s first to its last message below
+    :data:`~sqlmq.channels.BLOCKED` (its window, and its head if running: one ordered
+    channel's keys differ by their turns), -1 if none: two probes of the index
+    ``(channel, fair_key, id)``, where a count would read the window."""
+    u = schema.message.alias("u")
+
+    def end(order: Any) -> Any:
+        return (select(u.c.fair_key).where(u.c.channel == channel, u.c.fair_key < _BLOCKED)
+                .order_by(order).limit(1).scalar_subquery())
+
+    return func.coalesce(end(u.c.fair_key.desc()) - end(u.c.fair_key), -1)
+
+
+def promotion(schema: Schema, channels: Any, *, mending: bool = False) -> Any:
+    """Let in (take :data:`~sqlmq.channels.BLOCKED` off the key of) the first blocked
+    message, in key order, of each of the ``channels`` (a condition on channel row ``c``)
+    whose window, with its head, spans fewer than :data:`~sqlmq.channels.ORDERED_WINDOW`
+    turns (its head was just taken: the acquire's letting in), or, ``mending``, that has
+    nothing below BLOCKED (the window ran out otherwise; each take refills the window,
+    so a mending that refilled short ones would only widen them). The last condition
+    makes a concurrent letting in of the same message (PostgreSQL rechecks it on the
+    newest row) write once. :func:`.sql.let_in` is the raw-SQL twin."""
+    m, c = schema.message, schema.channel
+    o = m.alias("o")
+    first_blocked = (select(o.c.id).where(o.c.channel == c.c.name, o.c.fair_key >= _BLOCKED)
+                     .order_by(o.c.fair_key, o.c.id).limit(1).scalar_subquery())
+    span = _window_span(schema, c.c.name)
+    room = span == -1 if mending else span < ORDERED_WINDOW
+    # Read through a derived table: MySQL refuses an update whose subquery reads the
+    # table it updates, unless that read is materialized first.
+    firsts = select(first_blocked.label("id")).where(channels, room).subquery("n")
+    return (update(m).where(m.c.id.in_(select(firsts.c.id)), m.c.fair_key >= _BLOCKED)
+            .values(fair_key=m.c.fair_key - _BLOCKED))
 
 
 def _clock_on_conflict(insert_of: Callable[[Any], Any],
@@ -369,5 +555,5 @@ _CLOCK_UPSERT: dict[str, Callable[[Any], Any]] = {
 
 
 
-__all__ = ["CHANNEL_LOOK_INTERVAL", "FairAcquire", "Lookout", "Lookouts", "limited", "rekey",
-           "requeued_key"]
+__all__ = ["CHANNEL_LOOK_INTERVAL", "FairAcquire", "HeadMending", "Lookout", "Lookouts",
+           "limited", "promotion", "rekey", "requeued_key", "window_of"]

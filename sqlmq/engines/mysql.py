@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from ..channels import TURN_BITS
+from ..channels import BLOCKED, ORDERED_WINDOW, TURN_BITS
 from ..errors import SchemaError
 from ..records import Delivery, NewMessage, NewMessages, Settlement, expiry_from
 from ..schema import MAX_PRIORITY, MAX_QUEUE_NAME
@@ -174,9 +174,11 @@ class FairPacket:
 
     @cached_property
     def _fair_rest(self) -> list[str]:
-        names = {**self.names, "turn_mask": (1 << TURN_BITS) - 1}
+        names = {**self.names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
+                 "window": ORDERED_WINDOW}
         return [render(sql.FAIR_LOCK, names), render(sql.FAIR_READ, names),
-                render(sql.FAIR_TAKE, names), render(sql.FAIR_CLOCK, names)]
+                render(sql.FAIR_TAKE, names), render(sql.FAIR_CLOCK, names),
+                render(sql.FAIR_LET_IN, names)]
 
     async def _acquire_fair(self, queues: Sequence[str], limit: int,
                             lease: float) -> list[Delivery]:
@@ -184,12 +186,13 @@ class FairPacket:
         pick = self._fair_picks.get(len(queues))
         if pick is None:
             pick = self._fair_picks[len(queues)] = render(
-                sql.FAIR_PICK, {**self.names, "queues": placeholders(len(queues))})
-        lock, read, take, clock = self._fair_rest
+                sql.FAIR_PICK, {**self.names, "queues": placeholders(len(queues)),
+                                "blocked": BLOCKED})
+        lock, read, take, clock, let_in = self._fair_rest
         (rows,) = await self._packet(
             [(sql.BEGIN, ()), (pick, [*queues, most]),
              (lock, ()), (read, ()), (take, [round(lease * 1_000_000)]), (clock, ()),
-             (sql.COMMIT, ())], keep=[3])
+             (let_in, ()), (sql.COMMIT, ())], keep=[3])
         rows = sorted(rows, key=lambda r: (r[17], r[0]))
         out = _deliveries(rows, lease)
         for d, r in zip(out, rows, strict=True):

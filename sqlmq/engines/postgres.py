@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
 from ..backoff import describe
-from ..channels import TURN_BITS
+from ..channels import BLOCKED, ORDERED_WINDOW, TURN_BITS
 from ..dead_letters import DeadLetterNotice
 from ..errors import PublishOutcomeUnknown
 from ..lifecycle import Outcome
@@ -229,7 +229,8 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         self.floors = ReadyFloors()
         self._acquire_many = render(sql.ACQUIRE_QUEUES, names)
         self._acquire_fair_sql = render(sql.ACQUIRE_FAIR, {
-            **names, "turn_mask": (1 << TURN_BITS) - 1})
+            **names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
+            "window": ORDERED_WINDOW})
         self._settle = render(sql.SETTLE, names)
         self._settle_passing = render(sql.SETTLE_PASSING, names)
         self._insert = render(sql.INSERT, names)

@@ -9,7 +9,7 @@ state shared between the statements of one packet stays on the server in session
 (``@sqlmq_level``, ``@sqlmq_now``, ``@sqlmq_take``, ``@sqlmq_settle`` …).
 """
 
-from . import fair_kind, fair_turn, passing_limit
+from . import fair_kind, fair_turn, let_in, passing_limit
 
 # ---- transactions of one packet --------------------------------------------------------------
 
@@ -163,7 +163,7 @@ ACQUIRE_LEVELS_READ = "SELECT @sqlmq_level, @sqlmq_next"
 FAIR_PICK = """
 SELECT JSON_ARRAYAGG(id) INTO @sqlmq_pick FROM (
     SELECT f.id FROM {m} AS f FORCE INDEX (ix_{m}_fair)
-    WHERE f.queue IN ({queues}) AND f.fair_key IS NOT NULL
+    WHERE f.queue IN ({queues}) AND f.fair_key IS NOT NULL AND f.fair_key < {blocked}
       AND f.channel_due_at <= UTC_TIMESTAMP(6) AND f.state IN ('PENDING', 'RETRYABLE')
       AND f.queue NOT IN (SELECT queue FROM {pause})
       AND """ + fair_turn("FORCE INDEX (ix_{m}_channel_key)") + """
@@ -175,7 +175,7 @@ SELECT JSON_ARRAYAGG(id) INTO @sqlmq_pick FROM (
 # 2. Lock those still waiting (SKIP LOCKED), their ids and the clock into @sqlmq_take and
 #    @sqlmq_now; 3. FAIR_READ them (with their channel, key, and whether it is ordered);
 #    4. FAIR_TAKE them, leased for %s microseconds; 5. move each queue's clock on to the
-#    lowest turn taken.
+#    lowest turn taken (FAIR_CLOCK).
 FAIR_LOCK = """
 SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
     SELECT m.id
@@ -189,6 +189,13 @@ SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
 FAIR_READ = _read("channel_due_at", ", m.channel, m.fair_key, " + fair_kind("m") + " = 1")
 
 FAIR_TAKE = _take("channel_due_at")
+
+# 6. Let in the next message of each ordered channel whose head was taken (FAIR_LET_IN).
+FAIR_LET_IN = let_in("t", "TRUE", hint="FORCE INDEX (ix_{m}_channel_key)", source="""(
+        SELECT DISTINCT m.channel
+        FROM JSON_TABLE(COALESCE(@sqlmq_take, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS j
+        STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = j.id
+        WHERE """ + fair_kind("m") + """ = 1) AS t""")
 
 FAIR_CLOCK = """
 INSERT INTO {channel_clock} (queue, turn)

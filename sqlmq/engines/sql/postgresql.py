@@ -7,7 +7,7 @@ parses them in C, where the driver's array encoder would spend about a microseco
 per element.
 """
 
-from . import fair_kind, fair_turn, passing_limit
+from . import fair_kind, fair_turn, let_in, passing_limit
 
 # ---- publishing ------------------------------------------------------------------------------
 
@@ -94,9 +94,11 @@ DEAD_LETTER_PAYLOAD = "CAST(json_build_object('id', id, 'queue', queue, 'state',
 # seconds, returned with their ready time (times as epoch seconds, JSON as text: decoded once
 # per distinct value) and what defer and cancellation left on them (schema version 9).
 # ``now()`` is the statement's time: a floor learns from it (see ACQUIRE_ABOVE_FLOORS).
-def _take(cleared: str, more: str = "", lease: str = "$3") -> str:
+def _take(cleared: str, more: str = "", lease: str = "$3",
+          by: str = "m.id = ready.id AND m.id = ANY(ARRAY(SELECT id FROM ready))") -> str:
     """The take of ``ready``'s rows, clearing their due column ``cleared``; ``more``: columns
-    returned after the usual ones; ``lease``: the parameter of the lease's seconds."""
+    returned after the usual ones; ``lease``: the parameter of the lease's seconds; ``by``:
+    the join of ``ready`` to the table."""
     return f"""
 UPDATE {{m}} AS m SET
     state = 'PROCESSING',
@@ -106,7 +108,7 @@ UPDATE {{m}} AS m SET
     {cleared} = NULL,
     lease_expires_at = now() + CAST({lease} AS DOUBLE PRECISION) * INTERVAL '1 second'
 FROM ready
-WHERE m.id = ready.id AND m.id = ANY(ARRAY(SELECT id FROM ready))
+WHERE {by}
 RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
     m.deliveries_count, date_part('epoch', m.created_at), date_part('epoch', m.first_attempt_at),
     date_part('epoch', m.acquired_at), date_part('epoch', m.lease_expires_at),
@@ -118,26 +120,31 @@ RETURNING m.id, m.queue, CAST(m.headers AS TEXT), m.payload, m.attempts_count,
 _TAKE = _take("next_attempt_at")
 
 # Acquire up to $2 due messages of the channels without limits in queues $1 (an array), in
-# their fair order (schema version 13, see sqlmq.channels), an ordered channel's only while
-# nothing of its comes before them (schema version 14), leased for $3 seconds, returned as
-# ACQUIRE returns them with their channel, key and whether the channel is ordered last; and
-# move each queue's clock on to the lowest turn taken (the low TURN_BITS of fair_key), never
-# back. Each row's channel is looked up by a subquery, not joined: joined, the planner read
-# every channel's messages and sorted them all; this way the fair index is read in order
-# until $2 rows are found. The same choice as core_fair's _fair_pick (which SQLite runs) and
-# MariaDB's FAIR_PICK, whose conditions these are (fair_turn, shared with MariaDB's). One
-# ordered read per queue (LATERAL): with queue = ANY($1), the index gives no order and the
-# whole backlog was sorted (115 ms for 20,000 rows). The channel's kind is looked up once
-# per row (a LATERAL kept apart by OFFSET 0): written in both the condition and the result,
-# the lookup ran twice, 2 ms each per 500 rows.
+# their fair order (schema version 13, see sqlmq.channels) below BLOCKED, an ordered
+# channel's only while nothing of its comes before them (schema version 14), leased for $3
+# seconds, returned as ACQUIRE returns them with their channel, key and whether the channel
+# is ordered last; move each queue's clock on to the lowest turn taken (the low TURN_BITS of
+# fair_key), never back; and let in the next message of each ordered channel whose head
+# was taken, if its window is short. Each row's channel is looked up by a subquery, not
+# joined: joined, the planner read every channel's messages and sorted them all; this way
+# the fair index is read in order until $2 rows are found. The same choice as core_fair's
+# _fair_pick (which SQLite runs) and MariaDB's FAIR_PICK, whose conditions these are
+# (fair_turn, shared with MariaDB's). One ordered read per queue (LATERAL): with queue =
+# ANY($1), the index gives no order and the whole backlog was sorted (115 ms for 20,000
+# rows). The channel's kind is looked up once per row (a LATERAL kept apart by OFFSET 0):
+# written in both the condition and the result, the lookup ran twice, 2 ms each per 500
+# rows. The take joins ready to the table by id alone: with the ANY(...) the plain ACQUIRE
+# adds, the planner, expecting one row from ready, probed the table by the whole id list
+# once per row of ready (125,000 rows read for 500, 130 ms).
 ACQUIRE_FAIR = """
 WITH ready AS (
     SELECT r.* FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
-        SELECT f.id, f.channel_due_at AS next_attempt_at, f.queue, f.fair_key,
+        SELECT f.id, f.channel_due_at AS next_attempt_at, f.queue, f.fair_key, f.channel,
                k.kind = 1 AS ordered
         FROM {m} AS f CROSS JOIN LATERAL (SELECT """ + fair_kind("f") + """ AS kind
                                           OFFSET 0) AS k
-        WHERE f.queue = q.name AND f.fair_key IS NOT NULL AND f.channel_due_at <= now()
+        WHERE f.queue = q.name AND f.fair_key IS NOT NULL AND f.fair_key < {blocked}
+          AND f.channel_due_at <= now()
           AND f.state IN ('PENDING', 'RETRYABLE')
           AND """ + fair_turn(kind="k.kind") + """
         ORDER BY f.fair_key, f.id
@@ -152,8 +159,9 @@ WITH ready AS (
     SELECT queue, min(fair_key & {turn_mask}) FROM ready GROUP BY queue
     ON CONFLICT (queue) DO UPDATE SET turn = EXCLUDED.turn
     WHERE {channel_clock}.turn < EXCLUDED.turn
-)
-""" + _take("channel_due_at", ",\n    m.channel, ready.fair_key, ready.ordered")
+), let_in AS (""" + let_in("ready", "ready.ordered") + """)
+""" + _take("channel_due_at", ",\n    m.channel, ready.fair_key, ready.ordered",
+            by="m.id = ready.id")
 
 # Queue $1 is not paused (schema version 11: a row in {pause}). Not a condition on each row:
 # the planner makes it a one-time filter above the scans (one probe of the pause table's

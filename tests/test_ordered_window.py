@@ -1,0 +1,200 @@
+"""An ordered channel's window, on the three databases: a publish leaves the first
+``ORDERED_WINDOW`` waiting messages of an ordered channel (without other limits) in the fair
+read and blocks the others (their keys raised by ``BLOCKED``), so that an acquire never reads
+a deep backlog behind a running head; taking the head lets the next one in; a window that
+ran out otherwise (its messages cancelled) is mended; settings that stop being ordered
+unblock everything. Whatever the window, messages start in publish order, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sqlmq import Broker, Message
+from sqlmq.channels import BLOCKED, ORDERED_WINDOW
+from sqlmq.engines import core_fair
+from sqlmq.lifecycle import Outcome
+from sqlmq.records import Delivery, Settlement
+
+from .conftest import rows, sibling, update_row, wait_until
+
+
+async def window(broker: Broker, channel: str = "o") -> tuple[list[int], list[int]]:
+    """The ids of ``channel``'s messages in the fair read and behind it, in key order;
+    checks that the first are a prefix of the channel's key order (every key in the window
+    below every key behind it)."""
+    found = sorted(await rows(broker, "message", channel=channel),
+                   key=lambda r: (r["fair_key"], r["id"]))
+    inside = [r["id"] for r in found if r["fair_key"] < BLOCKED]
+    behind = [r["id"] for r in found if r["fair_key"] >= BLOCKED]
+    assert [r["id"] for r in found] == inside + behind
+    return inside, behind
+
+
+async def take_one(broker: Broker) -> list[Delivery]:
+    return await broker.engine.acquire(["q"], 10, 30)
+
+
+async def complete(broker: Broker, d: Delivery) -> None:
+    assert await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.COMPLETE)]) \
+        == {d.id}
+
+
+async def after_mending(broker: Broker) -> list[Delivery]:
+    """What the first acquire to find something takes, once the mending let it in."""
+    got: list[Delivery] = []
+
+    async def starts() -> bool:
+        got.extend(await take_one(broker))
+        return bool(got)
+
+    await wait_until(starts, timeout=10, interval=0.05,
+                     message="the mending to let the first blocked message in")
+    return got
+
+
+async def run_out(broker: Broker) -> list[int]:
+    """Take and complete the channel's messages one by one; their ids, as started."""
+    started = []
+    while got := await take_one(broker):
+        assert len(got) == 1
+        started.append(got[0].id)
+        await complete(broker, got[0])
+    return started
+
+
+async def test_a_publish_blocks_what_the_window_cannot_hold_and_each_take_lets_one_in(
+        broker: Broker) -> None:
+    await broker.set_channel("o", ordered=True)
+    sent = [await broker.publish("q", i, channel="o") for i in range(10)]
+    sent += await broker.publish_batch("q", range(10, 40), channel="o")
+    inside, behind = await window(broker)
+    assert inside == sent[:ORDERED_WINDOW] and behind == sent[ORDERED_WINDOW:]
+
+    started = []
+    for _ in range(len(sent)):
+        got = await take_one(broker)
+        assert [d.id for d in got] == [sent[len(started)]]  # the head only
+        started.append(got[0].id)
+        inside, behind = await window(broker)
+        # The head runs; the window behind it is full again while blocked ones are left.
+        assert inside == sent[len(started) - 1:len(started) + ORDERED_WINDOW][:len(inside)]
+        assert len(inside) == min(ORDERED_WINDOW + 1, len(sent) - len(started) + 1)
+        assert await take_one(broker) == []  # nothing else while the head runs
+        await complete(broker, got[0])
+    assert started == sent
+    assert await window(broker) == ([], [])
+
+
+async def test_a_retried_head_keeps_its_place_and_the_window_does_not_grow(
+        broker: Broker) -> None:
+    await broker.set_channel("o", ordered=True)
+    sent = await broker.publish_batch("q", range(30), channel="o")
+    for _ in range(3):
+        (head,) = await take_one(broker)
+        assert head.id == sent[0]
+        assert await broker.engine.settle(
+            [Settlement(head.id, head.deliveries, Outcome.RETRY)]) == {head.id}
+        inside, _ = await window(broker)
+        assert inside[0] == sent[0] and len(inside) <= ORDERED_WINDOW + 1
+    assert await run_out(broker) == sent
+
+
+async def test_a_window_emptied_by_cancels_is_mended(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelling waiting messages takes them out of the window without letting others in;
+    once it is empty, the acquire's mending (at most once an interval) lets the next in."""
+    monkeypatch.setattr(core_fair, "CHANNEL_LOOK_INTERVAL", 0.1)
+    await broker.set_channel("o", ordered=True)
+    sent = await broker.publish_batch("q", range(ORDERED_WINDOW + 5), channel="o")
+    for msg_id in sent[:ORDERED_WINDOW]:
+        assert (await broker.cancel(msg_id)).outcome == "cancelled"
+    assert await window(broker) == ([], sent[ORDERED_WINDOW:])
+    got = await after_mending(broker)
+    assert [d.id for d in got] == [sent[ORDERED_WINDOW]]
+    assert broker.engine._mending.let_in >= 1
+    await complete(broker, got[0])
+    assert [got[0].id, *await run_out(broker)] == sent[ORDERED_WINDOW:]
+
+
+async def test_a_head_whose_letting_in_was_missed_is_followed_after_the_mending(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a publish racing the take of the head leaves (see ``HeadMending``): the head
+    runs, the one behind it blocked though the window had room. After the head, the
+    blocked one starts, by the mending."""
+    monkeypatch.setattr(core_fair, "CHANNEL_LOOK_INTERVAL", 0.1)
+    await broker.set_channel("o", ordered=True)
+    first, second = await broker.publish_batch("q", [1, 2], channel="o")
+    (head,) = await take_one(broker)
+    assert head.id == first
+    (row,) = await rows(broker, "message", id=second)
+    await update_row(broker, second, fair_key=row["fair_key"] + BLOCKED)
+    await complete(broker, head)
+    got = await after_mending(broker)
+    assert [d.id for d in got] == [second]
+
+
+async def test_a_channel_made_ordered_blocks_its_backlog_and_unordered_unblocks_it(
+        broker: Broker) -> None:
+    sent = await broker.publish_batch("q", range(40), channel="o")
+    (running,) = (await broker.engine.acquire(["q"], 1, 30))
+    await broker.set_channel("o", ordered=True)
+    inside, behind = await window(broker)
+    assert inside == [running.id, *[i for i in sent if i != running.id][:ORDERED_WINDOW]]
+    assert len(behind) == len(sent) - 1 - ORDERED_WINDOW
+    await broker.set_channel("o")  # no limits, not ordered
+    assert (await window(broker))[1] == []
+    taken = {d.id for d in await broker.engine.acquire(["q"], 100, 30)}
+    assert taken == set(sent) - {running.id}
+
+
+async def test_a_requeue_into_a_full_window_waits_behind_it(broker: Broker) -> None:
+    await broker.set_channel("o", ordered=True)
+    (dead,) = await broker.publish_batch("q", ["dead"], channel="o")
+    (d,) = await take_one(broker)
+    assert await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.FAIL)]) \
+        == {dead}
+    sent = await broker.publish_batch("q", range(ORDERED_WINDOW + 2), channel="o")
+    assert await broker.requeue(ids=[dead]) == 1
+    inside, behind = await window(broker)
+    assert inside == sent[:ORDERED_WINDOW] and behind == [*sent[ORDERED_WINDOW:], dead]
+    assert await run_out(broker) == [*sent, dead]
+
+
+async def test_ordered_channels_of_three_processes_keep_their_order(
+        broker: Broker, db_url: str, prefix: str) -> None:
+    """Three brokers (as three processes), publishing while they consume: each channel's
+    messages start in publish order, one at a time, and all start."""
+    brokers = [broker, sibling(broker, db_url, prefix), sibling(broker, db_url, prefix)]
+    starts: dict[str, list[int]] = {}
+    running: dict[str, int] = {}
+    overlaps: list[str] = []
+    for b in brokers:
+        @b.subscriber("q", workers=8, flush_interval=0.0, max_fetch_interval=0.05)
+        async def handle(msg: Message) -> None:
+            ch = msg.headers["ch"]
+            running[ch] = running.get(ch, 0) + 1
+            if running[ch] > 1:
+                overlaps.append(ch)
+            starts.setdefault(ch, []).append(msg.body)
+            await asyncio.sleep(0.001)
+            running[ch] -= 1
+
+    channels = [f"c{i}" for i in range(4)]
+    await broker.set_channel_default("q", ordered=True)
+    for b in brokers:
+        await b.start()
+    try:
+        for n in range(60):
+            for ch in channels:
+                await brokers[n % 3].publish("q", n, headers={"ch": ch}, channel=ch)
+        await wait_until(lambda: sum(map(len, starts.values())) >= 60 * len(channels),
+                         timeout=60, message="every message to start")
+    finally:
+        for b in brokers[1:]:
+            await b.close()
+        await broker.stop()
+    assert overlaps == []
+    assert starts == {ch: list(range(60)) for ch in channels}
