@@ -1,9 +1,10 @@
 """An ordered channel's window, on the three databases: a publish leaves the first
 ``ORDERED_WINDOW`` waiting messages of an ordered channel (without other limits) in the fair
 read and blocks the others (their keys raised by ``BLOCKED``), so that an acquire never reads
-a deep backlog behind a running head; taking the head lets the next one in; a window that
-ran out otherwise (its messages cancelled) is mended; settings that stop being ordered
-unblock everything. Whatever the window, messages start in publish order, one at a time.
+a deep backlog behind a running head; once the window is down to ``ORDERED_LOOKAHEAD``
+behind the head, each take lets the next one in; a window that ran out otherwise (its
+messages cancelled) is mended; settings that stop being ordered unblock everything.
+Whatever the window, messages start in publish order, one at a time.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import pytest
 
 from sqlmq import Broker, Message
-from sqlmq.channels import BLOCKED, ORDERED_WINDOW
+from sqlmq.channels import BLOCKED, ORDERED_LOOKAHEAD, ORDERED_WINDOW
 from sqlmq.engines import core_fair
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Delivery, Settlement
@@ -79,9 +80,12 @@ async def test_a_publish_blocks_what_the_window_cannot_hold_and_each_take_lets_o
         assert [d.id for d in got] == [sent[len(started)]]  # the head only
         started.append(got[0].id)
         inside, behind = await window(broker)
-        # The head runs; the window behind it is full again while blocked ones are left.
-        assert inside == sent[len(started) - 1:len(started) + ORDERED_WINDOW][:len(inside)]
-        assert len(inside) == min(ORDERED_WINDOW + 1, len(sent) - len(started) + 1)
+        # The head runs, the window behind it shrinks to the lookahead, then keeps it
+        # while blocked ones are left.
+        left = len(sent) - len(started)
+        assert inside == sent[len(started) - 1:][:len(inside)]
+        assert len(inside) == 1 + min(max(ORDERED_WINDOW - len(started), ORDERED_LOOKAHEAD),
+                                      left)
         assert await take_one(broker) == []  # nothing else while the head runs
         await complete(broker, got[0])
     assert started == sent
@@ -98,7 +102,7 @@ async def test_a_retried_head_keeps_its_place_and_the_window_does_not_grow(
         assert await broker.engine.settle(
             [Settlement(head.id, head.deliveries, Outcome.RETRY)]) == {head.id}
         inside, _ = await window(broker)
-        assert inside[0] == sent[0] and len(inside) <= ORDERED_WINDOW + 1
+        assert inside == sent[:ORDERED_WINDOW]  # the retries let nothing in
     assert await run_out(broker) == sent
 
 

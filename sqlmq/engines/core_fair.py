@@ -36,8 +36,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..backoff import FailureRun
 from ..channels import (
     BLOCKED,
+    ORDERED_LOOKAHEAD,
     ORDERED_PRIORITY,
-    ORDERED_WINDOW,
     TURN_BITS,
     ChannelSettings,
     Turns,
@@ -75,13 +75,15 @@ class Aside:
     #: What the first failure's line says comes next, before the interval.
     AGAIN = "again in"
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _spawn(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work()`` in a task (made there: a task cancelled before it starts leaves
+        no coroutine unawaited)."""
         self.task = asyncio.get_running_loop().create_task(
             self._guarded(work), name=f"sqlmq {self.what}")
 
-    async def _guarded(self, work: Awaitable[None]) -> None:
+    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         try:
-            await work
+            await work()
         except Exception as exc:  # not a cancellation: close() stops the work that way
             self.failed.note(exc, f"{self.AGAIN} {CHANNEL_LOOK_INTERVAL:.1f} s")
         else:
@@ -139,7 +141,7 @@ class Lookout(Aside):
         if first:
             self.seen = await transaction(self.look) is not None
         else:
-            self._spawn(self._look(transaction))
+            self._spawn(lambda: self._look(transaction))
         return self.seen
 
     async def _look(self, transaction: Transaction) -> None:
@@ -161,7 +163,7 @@ class HeadMending(Aside):
     row's lock, just as an acquire that does not lock that row took the head: the
     publish saw the window full and blocked its own; the take's letting in, in a
     snapshot from before the publish, found nothing to let in. Those are rare; a pass
-    costs two probes per ordered channel."""
+    costs a few index probes per ordered channel."""
 
     mend: Callable[[AsyncConnection], Awaitable[int]]
     what: str = "letting in the next messages of ordered channels"
@@ -179,7 +181,7 @@ class HeadMending(Aside):
         now = time.monotonic()
         if self.task is None and now - self.mended_at >= CHANNEL_LOOK_INTERVAL:
             self.mended_at = now
-            self._spawn(self._pass(transaction))
+            self._spawn(lambda: self._pass(transaction))
 
     async def _pass(self, transaction: Transaction) -> None:
         n = await transaction(self.mend)
@@ -446,10 +448,10 @@ def _fair_pick(schema: Schema) -> Any:
     """Up to ``most`` due messages of the channels without limits in the ``queues`` (not
     paused), in ``fair_key`` order below :data:`~sqlmq.channels.BLOCKED`, an ordered
     channel's only while nothing of its comes before them; with whether their channel is
-    ordered. Each row's channel is looked up by
-    a correlated subquery, not a join: with a join, PostgreSQL read every channel's
-    messages and sorted them all (30-50 ms for 20,000 in 1,000 channels); this way it reads
-    the fair index in order and stops at ``most``."""
+    ordered. Each row's channel is looked up by a correlated subquery, not a join: with a
+    join, PostgreSQL read every channel's messages and sorted them all (30-50 ms for
+    20,000 in 1,000 channels); this way it reads the fair index in order and stops at
+    ``most``."""
     m = schema.message
     kind = _fair_kind(schema, m)
     turn = case({0: 1, 1: case((_first_of_channel(m), 1), else_=0)}, value=kind, else_=0)
@@ -479,7 +481,7 @@ def _ordered_free(schema: Schema) -> Any:
 def _waiting_in_window(schema: Schema, channel: Any) -> Any:
     """How many messages of ``channel`` wait in the fair read (below
     :data:`~sqlmq.channels.BLOCKED`): about :data:`~sqlmq.channels.ORDERED_WINDOW` at
-    most, so a count of one index range is cheap."""
+    most, so a count of one short index range."""
     u = schema.message.alias("u")
     return (select(func.count()).select_from(u)
             .where(u.c.channel == channel, u.c.fair_key < _BLOCKED,
@@ -496,24 +498,28 @@ def window_of(schema: Schema, channel: Any) -> Any:
 
 
 def _window_span(schema: Schema, channel: Any) -> Any:
-    """Turns from ``channel``'s first to its last message below
-    :data:`~sqlmq.channels.BLOCKED` (its window, and its head if running: one ordered
-    channel's keys differ by their turns), -1 if none: two probes of the index
-    ``(channel, fair_key, id)``, where a count would read the window."""
+    """Turns from ``channel``'s first message below :data:`~sqlmq.channels.BLOCKED` (its
+    head, running or not) to its first blocked one, less one: how many wait between them
+    (one ordered channel's keys differ by their turns); -1 if none is below. Two probes of
+    the index ``(channel, fair_key, id)``, each reading from where its range starts: read
+    downwards from BLOCKED, MariaDB went through every blocked message (985 rows a
+    channel)."""
     u = schema.message.alias("u")
 
-    def end(order: Any) -> Any:
-        return (select(u.c.fair_key).where(u.c.channel == channel, u.c.fair_key < _BLOCKED)
-                .order_by(order).limit(1).scalar_subquery())
+    def first(above: bool) -> Any:
+        where = u.c.fair_key >= _BLOCKED if above else u.c.fair_key < _BLOCKED
+        return (select(u.c.fair_key).where(u.c.channel == channel, where)
+                .order_by(u.c.fair_key).limit(1).scalar_subquery())
 
-    return func.coalesce(end(u.c.fair_key.desc()) - end(u.c.fair_key), -1)
+    return func.coalesce(first(True) - _BLOCKED - first(False) - 1, -1)
 
 
 def promotion(schema: Schema, channels: Any, *, mending: bool = False) -> Any:
     """Let in (take :data:`~sqlmq.channels.BLOCKED` off the key of) the first blocked
     message, in key order, of each of the ``channels`` (a condition on channel row ``c``)
-    whose window, with its head, spans fewer than :data:`~sqlmq.channels.ORDERED_WINDOW`
-    turns (its head was just taken: the acquire's letting in), or, ``mending``, that has
+    with fewer than :data:`~sqlmq.channels.ORDERED_LOOKAHEAD` waiting between its head
+    and its first blocked message (its head was just taken: the acquire's letting in),
+    or, ``mending``, that has
     nothing below BLOCKED (the window ran out otherwise; each take refills the window,
     so a mending that refilled short ones would only widen them). The last condition
     makes a concurrent letting in of the same message (PostgreSQL rechecks it on the
@@ -523,7 +529,7 @@ def promotion(schema: Schema, channels: Any, *, mending: bool = False) -> Any:
     first_blocked = (select(o.c.id).where(o.c.channel == c.c.name, o.c.fair_key >= _BLOCKED)
                      .order_by(o.c.fair_key, o.c.id).limit(1).scalar_subquery())
     span = _window_span(schema, c.c.name)
-    room = span == -1 if mending else span < ORDERED_WINDOW
+    room = span == -1 if mending else span < ORDERED_LOOKAHEAD
     # Read through a derived table: MySQL refuses an update whose subquery reads the
     # table it updates, unless that read is materialized first.
     firsts = select(first_blocked.label("id")).where(channels, room).subquery("n")

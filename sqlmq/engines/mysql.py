@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from ..channels import BLOCKED, ORDERED_WINDOW, TURN_BITS
+from ..channels import BLOCKED, ORDERED_LOOKAHEAD, TURN_BITS
 from ..errors import SchemaError
 from ..records import Delivery, NewMessage, NewMessages, Settlement, expiry_from
 from ..schema import MAX_PRIORITY, MAX_QUEUE_NAME
@@ -175,7 +175,7 @@ class FairPacket:
     @cached_property
     def _fair_rest(self) -> list[str]:
         names = {**self.names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
-                 "window": ORDERED_WINDOW}
+                 "lookahead": ORDERED_LOOKAHEAD}
         return [render(sql.FAIR_LOCK, names), render(sql.FAIR_READ, names),
                 render(sql.FAIR_TAKE, names), render(sql.FAIR_CLOCK, names),
                 render(sql.FAIR_LET_IN, names)]

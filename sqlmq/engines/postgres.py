@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
 from ..backoff import describe
-from ..channels import BLOCKED, ORDERED_WINDOW, TURN_BITS
+from ..channels import BLOCKED, ORDERED_LOOKAHEAD, TURN_BITS
 from ..dead_letters import DeadLetterNotice
 from ..errors import PublishOutcomeUnknown
 from ..lifecycle import Outcome
@@ -230,7 +230,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         self._acquire_many = render(sql.ACQUIRE_QUEUES, names)
         self._acquire_fair_sql = render(sql.ACQUIRE_FAIR, {
             **names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
-            "window": ORDERED_WINDOW})
+            "lookahead": ORDERED_LOOKAHEAD})
         self._settle = render(sql.SETTLE, names)
         self._settle_passing = render(sql.SETTLE_PASSING, names)
         self._insert = render(sql.INSERT, names)
