@@ -2,7 +2,7 @@
 
 * The drain of ``bench.drain`` three ways in the same run: plain; spread over 1,000
   channels without limits; over 1,000 ordered channels (one message of each at a time).
-* A few ordered channels with deep backlogs (``deep`` in ``bench.run``): 10 of 200, 5 ms
+* A few ordered channels with deep backlogs (``deep`` in ``bench.run``): 10 of 1,000, 5 ms
   handlers, 16 workers; at best the channels over the handler's time.
 * Concurrency limits: handlers that take 10 ms, channels limited to ``max_concurrency``,
   more workers than the limits allow: the throughput should be the sum of the limits

@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from sqlmq import Broker, Message
-from sqlmq.channels import BLOCKED, ORDERED_LOOKAHEAD, ORDERED_WINDOW
+from sqlmq.channels import BLOCKED, ORDERED_LOOKAHEAD, ORDERED_WINDOW, turn_of
 from sqlmq.engines import core_fair
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Delivery, Settlement
@@ -90,6 +90,27 @@ async def test_a_publish_blocks_what_the_window_cannot_hold_and_each_take_lets_o
         await complete(broker, got[0])
     assert started == sent
     assert await window(broker) == ([], [])
+
+
+async def test_a_channel_whose_turns_jump_lets_its_next_in_without_mending(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publish that finds its queue's clock ahead of the channel's last turn gives its
+    messages turns from there: the window is counted in messages, not turns, so the takes
+    still let the next in across the jump (no mending: it is switched off here)."""
+    from sqlalchemy import update
+
+    monkeypatch.setattr(core_fair.HeadMending, "due", lambda self, transaction: None)
+    await broker.set_channel("o", ordered=True)
+    sent = await broker.publish_batch("q", range(ORDERED_WINDOW + 2), channel="o")
+    k = broker.schema.channel_clock
+    async with broker.db.begin() as conn:  # as other channels' acquires move it on
+        if not (await conn.execute(update(k).where(k.c.queue == "q").values(turn=1000))
+                ).rowcount:
+            await conn.execute(k.insert().values(queue="q", turn=1000))
+    sent += await broker.publish_batch("q", range(5), channel="o")
+    keys = {r["id"]: turn_of(r["fair_key"]) for r in await rows(broker, channel="o")}
+    assert keys[sent[-1]] > 1000 > keys[sent[-6]]
+    assert await run_out(broker) == sent
 
 
 async def test_a_retried_head_keeps_its_place_and_the_window_does_not_grow(

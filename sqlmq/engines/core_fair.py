@@ -497,29 +497,24 @@ def window_of(schema: Schema, channel: Any) -> Any:
                   blocked.label("blocked"))
 
 
-def _window_span(schema: Schema, channel: Any) -> Any:
-    """Turns from ``channel``'s first message below :data:`~sqlmq.channels.BLOCKED` (its
-    head, running or not) to its first blocked one, less one: how many wait between them
-    (one ordered channel's keys differ by their turns); -1 if none is below. Two probes of
-    the index ``(channel, fair_key, id)``, each reading from where its range starts: read
-    downwards from BLOCKED, MariaDB went through every blocked message (985 rows a
-    channel)."""
+def _below(schema: Schema, channel: Any, n: int) -> Any:
+    """The id of ``channel``'s ``n``-th message (from 0) below
+    :data:`~sqlmq.channels.BLOCKED` in key order, in any state (its head first, running or
+    not), or NULL: one probe of the index ``(channel, fair_key, id)`` reading ``n + 1``
+    entries from where its range starts. Messages, not turns: a channel's turns jump when
+    a publish finds its queue's clock ahead (``first_turn``). Read downwards from BLOCKED,
+    MariaDB went through every blocked message (985 rows a channel)."""
     u = schema.message.alias("u")
-
-    def first(above: bool) -> Any:
-        where = u.c.fair_key >= _BLOCKED if above else u.c.fair_key < _BLOCKED
-        return (select(u.c.fair_key).where(u.c.channel == channel, where)
-                .order_by(u.c.fair_key).limit(1).scalar_subquery())
-
-    return func.coalesce(first(True) - _BLOCKED - first(False) - 1, -1)
+    return (select(u.c.id).where(u.c.channel == channel, u.c.fair_key < _BLOCKED)
+            .order_by(u.c.fair_key, u.c.id).limit(1).offset(n).scalar_subquery())
 
 
 def promotion(schema: Schema, channels: Any, *, mending: bool = False) -> Any:
     """Let in (take :data:`~sqlmq.channels.BLOCKED` off the key of) the first blocked
     message, in key order, of each of the ``channels`` (a condition on channel row ``c``)
-    with fewer than :data:`~sqlmq.channels.ORDERED_LOOKAHEAD` waiting between its head
-    and its first blocked message (its head was just taken: the acquire's letting in),
-    or, ``mending``, that has
+    with fewer than :data:`~sqlmq.channels.ORDERED_LOOKAHEAD` waiting behind its head in
+    the fair read (its head was just taken: the acquire's letting in), or, ``mending``,
+    that has
     nothing below BLOCKED (the window ran out otherwise; each take refills the window,
     so a mending that refilled short ones would only widen them). The last condition
     makes a concurrent letting in of the same message (PostgreSQL rechecks it on the
@@ -528,8 +523,7 @@ def promotion(schema: Schema, channels: Any, *, mending: bool = False) -> Any:
     o = m.alias("o")
     first_blocked = (select(o.c.id).where(o.c.channel == c.c.name, o.c.fair_key >= _BLOCKED)
                      .order_by(o.c.fair_key, o.c.id).limit(1).scalar_subquery())
-    span = _window_span(schema, c.c.name)
-    room = span == -1 if mending else span < ORDERED_LOOKAHEAD
+    room = _below(schema, c.c.name, 0 if mending else ORDERED_LOOKAHEAD).is_(None)
     # Read through a derived table: MySQL refuses an update whose subquery reads the
     # table it updates, unless that read is materialized first.
     firsts = select(first_blocked.label("id")).where(channels, room).subquery("n")

@@ -79,24 +79,22 @@ def fair_turn(hint: str = "", kind: str | None = None) -> str:
 def let_in(taken: str, which: str, hint: str = "", source: str | None = None) -> str:
     """The update that lets in (takes ``{blocked}`` off the key of) the first blocked
     message of the channel of each row of ``taken`` (with ``channel``) for which ``which``
-    holds, while fewer than ``{lookahead}`` wait between that channel's head and that
-    message (by their turns; ``core_fair._window_span``). The raw-SQL twin of
-    ``core_fair.promotion``, shared by PostgreSQL's ACQUIRE_FAIR and MariaDB's
-    FAIR_LET_IN; ``hint`` names the index ``(channel, fair_key, id)`` for the probes;
-    ``source``: what ``taken`` is the name of, if not a table's or a CTE's."""
-    def first(column: str, where: str) -> str:
-        return f"""(SELECT {column} FROM {{m}} AS u {hint}
+    holds, while fewer than ``{lookahead}`` wait behind that channel's head below
+    ``{blocked}`` (``core_fair._below``). The raw-SQL twin of ``core_fair.promotion``,
+    shared by PostgreSQL's ACQUIRE_FAIR and MariaDB's FAIR_LET_IN; ``hint`` names the
+    index ``(channel, fair_key, id)`` for the probes; ``source``: what ``taken`` is the
+    name of, if not a table's or a CTE's."""
+    def first(where: str, offset: str = "0") -> str:
+        return f"""(SELECT u.id FROM {{m}} AS u {hint}
                 WHERE u.channel = {taken}.channel AND u.fair_key {where}
-                ORDER BY u.fair_key, u.id LIMIT 1)"""
+                ORDER BY u.fair_key, u.id LIMIT 1 OFFSET {offset})"""
 
     return f"""
     UPDATE {{m}} AS p SET fair_key = p.fair_key - {{blocked}}
     WHERE p.fair_key >= {{blocked}} AND p.id IN (SELECT n.id FROM (
-        SELECT {first("u.id", ">= {blocked}")} AS id
+        SELECT {first(">= {blocked}")} AS id
         FROM {source or taken}
-        WHERE {which} AND COALESCE({first("u.fair_key", ">= {blocked}")} - {{blocked}}
-                                   - {first("u.fair_key", "< {blocked}")} - 1, -1)
-                          < {{lookahead}}) AS n)"""
+        WHERE {which} AND {first("< {blocked}", "{lookahead}")} IS NULL) AS n)"""
 
 
 __all__ = ["fair_kind", "fair_turn", "let_in", "names_for", "passing_limit", "render"]
