@@ -497,16 +497,18 @@ def window_of(schema: Schema, channel: Any) -> Any:
                   blocked.label("blocked"))
 
 
-def _below(schema: Schema, channel: Any, n: int) -> Any:
-    """The id of ``channel``'s ``n``-th message (from 0) below
-    :data:`~sqlmq.channels.BLOCKED` in key order, in any state (its head first, running or
-    not), or NULL: one probe of the index ``(channel, fair_key, id)`` reading ``n + 1``
-    entries from where its range starts. Messages, not turns: a channel's turns jump when
-    a publish finds its queue's clock ahead (``first_turn``). Read downwards from BLOCKED,
-    MariaDB went through every blocked message (985 rows a channel)."""
+def _short(schema: Schema, channel: Any, n: int) -> Any:
+    """``channel`` has fewer than ``n + 1`` messages below :data:`~sqlmq.channels.BLOCKED`
+    (in any state, its head first, running or not): its ``n``-th message (from 0) in key
+    order is blocked, or missing. Counted in messages, not turns: a channel's turns jump
+    when a publish finds its queue's clock ahead (``first_turn``). One probe of the index
+    ``(channel, fair_key, id)`` that reads ``n + 1`` entries: filtered to keys below
+    BLOCKED, MariaDB's read of it (by channel alone) went on through every blocked one to
+    find the ``n``-th below (985 rows a channel)."""
     u = schema.message.alias("u")
-    return (select(u.c.id).where(u.c.channel == channel, u.c.fair_key < _BLOCKED)
-            .order_by(u.c.fair_key, u.c.id).limit(1).offset(n).scalar_subquery())
+    nth = (select(u.c.fair_key).where(u.c.channel == channel, u.c.fair_key.is_not(None))
+           .order_by(u.c.fair_key, u.c.id).limit(1).offset(n).scalar_subquery())
+    return func.coalesce(nth, _BLOCKED) >= _BLOCKED
 
 
 def promotion(schema: Schema, channels: Any, *, mending: bool = False) -> Any:
@@ -523,7 +525,7 @@ def promotion(schema: Schema, channels: Any, *, mending: bool = False) -> Any:
     o = m.alias("o")
     first_blocked = (select(o.c.id).where(o.c.channel == c.c.name, o.c.fair_key >= _BLOCKED)
                      .order_by(o.c.fair_key, o.c.id).limit(1).scalar_subquery())
-    room = _below(schema, c.c.name, 0 if mending else ORDERED_LOOKAHEAD).is_(None)
+    room = _short(schema, c.c.name, 0 if mending else ORDERED_LOOKAHEAD)
     # Read through a derived table: MySQL refuses an update whose subquery reads the
     # table it updates, unless that read is materialized first.
     firsts = select(first_blocked.label("id")).where(channels, room).subquery("n")

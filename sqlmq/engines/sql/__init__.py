@@ -80,21 +80,22 @@ def let_in(taken: str, which: str, hint: str = "", source: str | None = None) ->
     """The update that lets in (takes ``{blocked}`` off the key of) the first blocked
     message of the channel of each row of ``taken`` (with ``channel``) for which ``which``
     holds, while fewer than ``{lookahead}`` wait behind that channel's head below
-    ``{blocked}`` (``core_fair._below``). The raw-SQL twin of ``core_fair.promotion``,
+    ``{blocked}`` (``core_fair._short``). The raw-SQL twin of ``core_fair.promotion``,
     shared by PostgreSQL's ACQUIRE_FAIR and MariaDB's FAIR_LET_IN; ``hint`` names the
     index ``(channel, fair_key, id)`` for the probes; ``source``: what ``taken`` is the
     name of, if not a table's or a CTE's."""
-    def first(where: str, offset: str = "0") -> str:
-        return f"""(SELECT u.id FROM {{m}} AS u {hint}
+    def first(column: str, where: str, offset: str = "0") -> str:
+        return f"""(SELECT {column} FROM {{m}} AS u {hint}
                 WHERE u.channel = {taken}.channel AND u.fair_key {where}
                 ORDER BY u.fair_key, u.id LIMIT 1 OFFSET {offset})"""
 
+    nth = first("u.fair_key", "IS NOT NULL", "{lookahead}")
     return f"""
     UPDATE {{m}} AS p SET fair_key = p.fair_key - {{blocked}}
     WHERE p.fair_key >= {{blocked}} AND p.id IN (SELECT n.id FROM (
-        SELECT {first(">= {blocked}")} AS id
+        SELECT {first("u.id", ">= {blocked}")} AS id
         FROM {source or taken}
-        WHERE {which} AND {first("< {blocked}", "{lookahead}")} IS NULL) AS n)"""
+        WHERE {which} AND COALESCE({nth}, {{blocked}}) >= {{blocked}}) AS n)"""
 
 
 __all__ = ["fair_kind", "fair_turn", "let_in", "names_for", "passing_limit", "render"]
