@@ -290,8 +290,7 @@ def next_start(settings: ChannelSettings, planned: datetime | None,
     return now + step
 
 
-__all__ = ["BLOCKED", "NO_LIMITS", "ORDERED_LOOKAHEAD", "ORDERED_PRIORITY",
-           "ORDERED_WINDOW", "TURN_BITS",
-           "TURN_QUANTUM", "ChannelInfo", "ChannelSettings", "Turns", "allowance",
+__all__ = ["BLOCKED", "NO_LIMITS", "ORDERED_LOOKAHEAD", "ORDERED_PRIORITY", "ORDERED_WINDOW",
+           "TURN_BITS", "TURN_QUANTUM", "ChannelInfo", "ChannelSettings", "Turns", "allowance",
            "check_channel", "check_size", "fair_key", "first_turn", "freed_slots",
            "next_start", "passed_on", "share", "turn_of", "window_room"]

@@ -423,6 +423,9 @@ class ChannelAdmin:
                                             .values(**values))).rowcount
                 if found or settings is None:
                     break
+            else:  # made and forgotten each time: as room_flow, never a silent no
+                raise RuntimeError(f"channel {name!r}: its row vanished {_MAKE_TRIES} times "
+                                   "as it was made")
             if found:
                 effective = settings or await run_flow(conn, _default_flow(
                     self.schema, conn.dialect, (await conn.execute(
