@@ -68,7 +68,15 @@ from ..lifecycle import State
 from ..records import Delivery, NewMessages
 from ..schema import Schema, channel_index_of
 from ..sqltime import db_now_plus
-from .core_fair import CHANNEL_LOOK_INTERVAL, FairAcquire, limited, rekey, window_of
+from .core_fair import (
+    CHANNEL_LOOK_INTERVAL,
+    FairAcquire,
+    is_ordered,
+    limited,
+    rekey,
+    window_of,
+    with_default,
+)
 from .core_operations import not_paused
 from .core_publish import Flow, Step, publish_flow, run_flow
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
@@ -79,6 +87,12 @@ _NOW = db_now_plus(literal(0.0))
 #: again when the row was deleted between the two (forget_idle_channels): once is rare.
 _MAKE_TRIES = 3
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
+
+
+def _vanished(name: str) -> RuntimeError:
+    """What a statement that made channel ``name``'s row and found it gone each time says."""
+    return RuntimeError(f"channel {name!r}: its row vanished {_MAKE_TRIES} times as it was "
+                        "made")
 
 _INSERT_IGNORE: dict[str, Callable[..., Any]] = {
     "postgresql": lambda t, v: pg_dialect.insert(t).values(**v).on_conflict_do_nothing(),
@@ -131,8 +145,7 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
         if (row := (yield found, None).one_or_none()) is not None:
             break
     if row is None:
-        raise RuntimeError(f"channel {name!r}: its row vanished {_MAKE_TRIES} times as it "
-                           "was made")
+        raise _vanished(name)
     settings = (ChannelSettings.from_row(row) if row.configured
                 else (yield from _default_flow(schema, dialect, row.queue)))
     if settings.max_size is not None:
@@ -424,8 +437,7 @@ class ChannelAdmin:
                 if found or settings is None:
                     break
             else:  # made and forgotten each time: as room_flow, never a silent no
-                raise RuntimeError(f"channel {name!r}: its row vanished {_MAKE_TRIES} times "
-                                   "as it was made")
+                raise _vanished(name)
             if found:
                 effective = settings or await run_flow(conn, _default_flow(
                     self.schema, conn.dialect, (await conn.execute(
@@ -507,7 +519,7 @@ class ChannelAdmin:
 
         async def read(conn: AsyncConnection) -> tuple[Sequence[Any], Sequence[Any]]:
             rows = (await conn.execute(select(c, *_default_columns(d)).select_from(
-                c.outerjoin(d, d.c.queue == c.c.queue)).order_by(c.c.name))).all()
+                with_default(self.schema)).order_by(c.c.name))).all()
             counts = (await conn.execute(
                 select(m.c.channel, m.c.state, func.count()).where(m.c.channel.is_not(None))
                 .group_by(m.c.channel, m.c.state))).all()
@@ -788,7 +800,7 @@ def _slot_limits(schema: Schema, dialect: Dialect) -> Any:
     return (select(c.c.name, c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered,
                    c.c.max_size, *_default_columns(d),
                    _running(schema, dialect).label("running"))
-            .select_from(c.outerjoin(d, d.c.queue == c.c.queue))
+            .select_from(with_default(schema))
             .where(listed(dialect, c.c.name, "names")))
 
 
@@ -811,14 +823,13 @@ def _candidates(schema: Schema, dialect: Dialect) -> Any:
     due = _due_in(schema, dialect)
     own = c.c.configured == 1
     max_concurrency = case((own, c.c.max_concurrency), else_=d.c.max_concurrency)
-    ordered = func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0)
     return (select(c.c.name, c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered,
                    c.c.max_size, c.c.next_start_at, *_default_columns(d),
                    _NOW.label("now"))
-            .select_from(c.outerjoin(d, d.c.queue == c.c.queue))
+            .select_from(with_default(schema))
             .where(limited(c, d), due,
                    or_(max_concurrency.is_(None), running < max_concurrency),
-                   or_(ordered == 0, running == 0),
+                   or_(~is_ordered(c, d), running == 0),
                    or_(c.c.next_start_at.is_(None), c.c.next_start_at <= _NOW))
             .order_by(c.c.served_at.is_not(None), c.c.served_at, c.c.served_rank, c.c.name)
             .limit(bindparam("most_channels", type_=Integer())))

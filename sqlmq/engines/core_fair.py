@@ -218,13 +218,12 @@ class Lookouts:
                     or (await conn.execute(default)).first())
 
         async def free(conn: AsyncConnection) -> Any:
-            return (await conn.execute(select(c.c.name).select_from(
-                c.outerjoin(d, d.c.queue == c.c.queue)).where(~limited(c, d)).limit(1)
-            )).first()
+            return (await conn.execute(select(c.c.name).select_from(with_default(schema))
+                                       .where(~limited(c, d)).limit(1))).first()
 
         async def ordered(conn: AsyncConnection) -> Any:
-            return (await conn.execute(select(c.c.name).where(_ordered_free(schema))
-                                       .limit(1))).first()
+            return (await conn.execute(select(c.c.name).select_from(with_default(schema))
+                                       .where(_ordered_free(c, d)).limit(1))).first()
 
         return cls(Lookout(channels, "a channel"), Lookout(limits, "a channel limit"),
                    Lookout(free, "a channel without limits"),
@@ -255,7 +254,7 @@ class FairAcquire:
 
     @cached_property
     def _mending(self) -> HeadMending:
-        mend = promotion(self.schema, _ordered_free(self.schema), mending=True)
+        mend = promotion(self.schema)
 
         async def run(conn: AsyncConnection) -> int:
             return (await conn.execute(mend)).rowcount
@@ -424,14 +423,31 @@ def limited(c: Any, d: Any) -> Any:
                case((own, c.c.rate), else_=d.c.rate).is_not(None))
 
 
+def is_ordered(c: Any, d: Any) -> Any:
+    """A channel row (``c``, its queue's default ``d`` outer-joined) is ordered."""
+    own = c.c.configured == 1
+    return func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0) != 0
+
+
+def _ordered_free(c: Any, d: Any) -> Any:
+    """A channel row (``c``, ``d`` outer-joined) is ordered without other limits
+    (:func:`_fair_kind` 1): the channels whose messages may wait blocked."""
+    return and_(is_ordered(c, d), ~limited(c, d))
+
+
+def with_default(schema: Schema) -> Any:
+    """The channel table with its queue's default outer-joined, as :func:`limited` and
+    :func:`is_ordered` read it."""
+    c, d = schema.channel, schema.channel_default
+    return c.outerjoin(d, d.c.queue == c.c.queue)
+
+
 def _fair_kind(schema: Schema, m: Any) -> Any:
     """Message ``m``'s channel, looked up: 0 without limits, 1 ordered without other
     limits, 2 limited (:func:`.sql.fair_kind` is its raw-SQL twin)."""
     c, d = schema.channel, schema.channel_default
-    own = c.c.configured == 1
-    ordered = func.coalesce(case((own, c.c.ordered), else_=d.c.ordered), 0) != 0
-    return (select(case((limited(c, d), 2), (ordered, 1), else_=0))
-            .select_from(c.outerjoin(d, d.c.queue == c.c.queue))
+    return (select(case((limited(c, d), 2), (is_ordered(c, d), 1), else_=0))
+            .select_from(with_default(schema))
             .where(c.c.name == m.c.channel).scalar_subquery())
 
 
@@ -465,36 +481,17 @@ def _fair_pick(schema: Schema) -> Any:
             .limit(bindparam("most", type_=Integer())))
 
 
-def _ordered_free(schema: Schema) -> Any:
-    """Channel row ``c`` is ordered without other limits, by its own settings or, not
-    configured, its queue's default (:func:`_fair_kind` 1)."""
-    c, d = schema.channel, schema.channel_default
-
-    def ordered_free(t: Any) -> Any:
-        return and_(func.coalesce(t.c.ordered, 0) != 0, ~_has_limits(t))
-
-    return or_(and_(c.c.configured == 1, ordered_free(c)),
-               and_(c.c.configured != 1, exists().where(d.c.queue == c.c.queue,
-                                                        ordered_free(d))))
-
-
-def _waiting_in_window(schema: Schema, channel: Any) -> Any:
-    """How many messages of ``channel`` wait in the fair read (below
-    :data:`~sqlmq.channels.BLOCKED`): about :data:`~sqlmq.channels.ORDERED_WINDOW` at
-    most, so a count of one short index range."""
-    u = schema.message.alias("u")
-    return (select(func.count()).select_from(u)
-            .where(u.c.channel == channel, u.c.fair_key < _BLOCKED,
-                   u.c.channel_due_at.is_not(None)).scalar_subquery())
-
-
 def window_of(schema: Schema, channel: Any) -> Any:
     """Ordered channel ``channel``'s window: how many of its messages wait in it
-    (``waiting``), and whether any wait blocked behind it (``blocked``)."""
-    b = schema.message.alias("b")
+    (``waiting``, below :data:`~sqlmq.channels.BLOCKED`: about
+    :data:`~sqlmq.channels.ORDERED_WINDOW` at most, so a count of one short index range),
+    and whether any wait blocked behind it (``blocked``)."""
+    u, b = schema.message.alias("u"), schema.message.alias("b")
+    waiting = (select(func.count()).select_from(u)
+               .where(u.c.channel == channel, u.c.fair_key < _BLOCKED,
+                      u.c.channel_due_at.is_not(None)).scalar_subquery())
     blocked = exists().where(b.c.channel == channel, b.c.fair_key >= _BLOCKED)
-    return select(_waiting_in_window(schema, channel).label("waiting"),
-                  blocked.label("blocked"))
+    return select(waiting.label("waiting"), blocked.label("blocked"))
 
 
 def _short(schema: Schema, channel: Any, n: int) -> Any:
@@ -511,24 +508,29 @@ def _short(schema: Schema, channel: Any, n: int) -> Any:
     return func.coalesce(nth, _BLOCKED) >= _BLOCKED
 
 
-def promotion(schema: Schema, channels: Any, *, mending: bool = False) -> Any:
+def promotion(schema: Schema, channels: Any = None) -> Any:
     """Let in (take :data:`~sqlmq.channels.BLOCKED` off the key of) the first blocked
     message, in key order, of each of the ``channels`` (a condition on channel row ``c``)
     with fewer than :data:`~sqlmq.channels.ORDERED_LOOKAHEAD` waiting behind its head in
-    the fair read (its head was just taken: the acquire's letting in), or, ``mending``,
-    that has
-    nothing below BLOCKED (the window ran out otherwise; each take refills the window,
-    so a mending that refilled short ones would only widen them). The last condition
-    makes a concurrent letting in of the same message (PostgreSQL rechecks it on the
-    newest row) write once. :func:`.sql.let_in` is the raw-SQL twin."""
-    m, c = schema.message, schema.channel
+    the fair read (its head was just taken: the acquire's letting in); or, ``channels``
+    None (the mending), of each ordered channel without other limits that has nothing
+    below BLOCKED (the window ran out otherwise; each take refills the window, so a
+    mending that refilled short ones would only widen them). The last condition makes a
+    concurrent letting in of the same message (PostgreSQL rechecks it on the newest row)
+    write once. :func:`.sql.let_in` is the raw-SQL twin."""
+    m, c, d = schema.message, schema.channel, schema.channel_default
     o = m.alias("o")
     first_blocked = (select(o.c.id).where(o.c.channel == c.c.name, o.c.fair_key >= _BLOCKED)
                      .order_by(o.c.fair_key, o.c.id).limit(1).scalar_subquery())
-    room = _short(schema, c.c.name, 0 if mending else ORDERED_LOOKAHEAD)
+    firsts = select(first_blocked.label("id"))
+    if channels is None:
+        firsts = firsts.select_from(with_default(schema)).where(
+            _ordered_free(c, d), _short(schema, c.c.name, 0))
+    else:
+        firsts = firsts.where(channels, _short(schema, c.c.name, ORDERED_LOOKAHEAD))
     # Read through a derived table: MySQL refuses an update whose subquery reads the
     # table it updates, unless that read is materialized first.
-    firsts = select(first_blocked.label("id")).where(channels, room).subquery("n")
+    firsts = firsts.subquery("n")
     return (update(m).where(m.c.id.in_(select(firsts.c.id)), m.c.fair_key >= _BLOCKED)
             .values(fair_key=m.c.fair_key - _BLOCKED))
 
@@ -558,4 +560,5 @@ _CLOCK_UPSERT: dict[str, Callable[[Any], Any]] = {
 
 
 __all__ = ["CHANNEL_LOOK_INTERVAL", "FairAcquire", "HeadMending", "Lookout", "Lookouts",
-           "limited", "promotion", "rekey", "requeued_key", "window_of"]
+           "is_ordered", "limited", "promotion", "rekey", "requeued_key", "window_of",
+           "with_default"]
