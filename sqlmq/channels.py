@@ -116,10 +116,13 @@ class ChannelSettings:
     @property
     def passes_slots(self) -> bool:
         """Whether a freed slot may go straight to the channel's next message in the
-        settle that frees it: a concurrency limit and nothing else (a rate spaces the
-        starts and an ordered channel waits for its head, both decided by the acquire
-        under the channel's lock)."""
-        return self.max_concurrency is not None and self.rate is None and not self.ordered
+        settle that frees it: a concurrency limit and nothing else, or ordered and nothing
+        else (its next message in key order, once its head is settled). A rate spaces the
+        starts, and an ordered channel with a limit waits for its head under the channel's
+        lock: both are decided by the acquire."""
+        if self.ordered:
+            return not self.limited
+        return self.max_concurrency is not None and self.rate is None
 
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "max_size"):
@@ -269,10 +272,14 @@ def freed_slots(applied: Iterable[int], slots: Mapping[int, str]) -> dict[str, i
 def passed_on(settings: ChannelSettings, freed: int, running: int) -> int:
     """How many of ``freed`` slots of a channel under ``settings``, with ``running``
     deliveries PROCESSING once they are freed, may go straight to its next messages in the
-    settle that frees them: within its concurrency limit, where that is its one limit
-    (:attr:`ChannelSettings.passes_slots`)."""
-    if not settings.passes_slots or settings.max_concurrency is None:
+    settle that frees them (:attr:`ChannelSettings.passes_slots`): within its concurrency
+    limit, or, ordered, one once nothing of it runs (which message: its first in key
+    order, if that one is due)."""
+    if not settings.passes_slots or freed <= 0:
         return 0
+    if settings.ordered:
+        return 1 if running == 0 else 0
+    assert settings.max_concurrency is not None
     return max(0, min(freed, settings.max_concurrency - running))
 
 

@@ -83,8 +83,9 @@ class Delivery:
     #: Its channel has a concurrency limit or is ordered: others of the channel wait until
     #: its result is written, so the runtime writes it without waiting for the interval.
     holds_slot: bool = False
-    #: Its channel's one limit was a concurrency limit when it was acquired: the settle of
-    #: its result may start the channel's next message in its slot (``settle_passing``).
+    #: Its channel's one limit was a concurrency limit when it was acquired, or it was
+    #: ordered without other limits: the settle of its result may start the channel's
+    #: next message in its slot (``settle_passing``).
     passes_slot: bool = False
     #: The runtime's own bound on the lease (event loop time; None: none known): when the
     #: statement that acquired or last extended it was sent, plus its seconds. The database

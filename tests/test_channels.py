@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from sqlmq import Broker, ChannelFull, Message, Retry
+from sqlmq.channels import ORDERED_WINDOW
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Settlement
 
@@ -73,6 +74,24 @@ async def test_a_freed_slot_goes_straight_to_the_channels_next_message(
     """With workers to spare, each result's settle starts the channel's next message in the
     slot it frees (``settle_passing``): the slot is never free in between, so no acquire
     can take it, and every message after the first is started that way."""
+    await broker.set_channel("one", max_concurrency=1)
+    await one_at_a_time_passed_on(broker, "one", 6)
+
+
+async def test_an_ordered_channels_turn_goes_straight_to_its_next_message(
+        broker: Broker) -> None:
+    """An ordered channel without other limits, deeper than its window: each head's
+    settle starts the next message in publish order (``settle_passing``), letting the one
+    after it into the window, so every message after the first starts that way, one at a
+    time, none stuck behind the window."""
+    await broker.set_channel("o", ordered=True)
+    await one_at_a_time_passed_on(broker, "o", ORDERED_WINDOW + 8)
+
+
+async def one_at_a_time_passed_on(broker: Broker, channel: str, n: int) -> None:
+    """Publish ``n`` messages to ``channel`` (which runs one at a time) and handle them
+    with 4 workers: they start in publish order, never two at once, and every one after
+    the first is started by the settle of the one before."""
     starts: list[int] = []
     running = most = 0
 
@@ -82,11 +101,10 @@ async def test_a_freed_slot_goes_straight_to_the_channels_next_message(
         running += 1
         most = max(most, running)
         starts.append(msg.id)
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.002)
         running -= 1
 
-    await broker.set_channel("one", max_concurrency=1)
-    sent = await broker.publish_batch("jobs", range(6), channel="one")
+    sent = await broker.publish_batch("jobs", range(n), channel=channel)
     await broker.start()
     await wait_for_count(lambda: len(starts), len(sent), message="handled")
     (runtime,) = broker.runtimes

@@ -173,9 +173,12 @@ class Engine(OperationsContract, Protocol):
         """``settle``, and in the same transaction pass on the channel slots its results
         free: ``slots`` maps a result's id to the channel its delivery held a slot of; each
         such channel with only a concurrency limit (no rate, not ordered) starts as many
-        of its due messages in ``queues`` as results of it landed, within its limit, up to
-        ``most`` in all, leased for ``lease`` seconds as ``acquire`` leases them. Returns
-        the ids that landed and the deliveries started (each holding a slot)."""
+        of its due messages in ``queues`` as results of it landed, within its limit, and
+        each ordered channel without other limits whose head was archived starts its
+        next message in key order if that one waits and is due in ``queues`` (a head put
+        back may be started again, or left to the acquire); up to ``most`` in all, leased
+        for ``lease`` seconds as ``acquire`` leases them. Returns the ids that landed and
+        the deliveries started (each holding a slot)."""
         ...
 
     # ---- channels (see sqlmq.channels) ------------------------------------------------

@@ -317,11 +317,33 @@ class FairAcquire:
         self._fair_spread[key] = len({d.channel for d in out})
         return out
 
+    async def _pass_heads(self, conn: AsyncConnection, names: list[str],
+                          queues: Sequence[str], lease: float) -> list[Delivery]:
+        """Start the next message of each of the ordered channels ``names`` whose head
+        this transaction's settle archived or put back (``settle_passing``): the
+        channel's first in key order, if it waits, is due and is below
+        :data:`~sqlmq.channels.BLOCKED`; letting the next one in as the fair acquire's
+        take of a head does. The take checks again that it waits (another process's
+        acquire cannot have started it: until this commits, it sees the head before
+        it)."""
+        sql = self._fair_sql
+        found = (await conn.execute(sql.next_in_order,
+                                    {"names": names, "queues": list(queues)})).all()
+        if not found:
+            return []
+        mine = set(names)
+        out = await self._take(conn, {r.id: (r.channel, r.channel_due_at) for r in found},
+                               lease, mine, mine)
+        if out:
+            await conn.execute(sql.let_in, {"names": sorted({d.channel for d in out})})
+        return out
+
     async def _take_fair(self, conn: AsyncConnection, rows: Sequence[Any],
                          lease: float) -> list[Delivery]:
         """Take the fair pick's ``rows`` (in their order)."""
+        ordered = {r.channel for r in rows if r.ordered}
         return await self._take(conn, {r.id: (r.channel, r.channel_due_at) for r in rows},
-                                lease, {r.channel for r in rows if r.ordered})
+                                lease, ordered, ordered)
 
 
 class FairSql:
@@ -342,6 +364,7 @@ class FairSql:
         self.clock = _CLOCK_UPSERT[dialect.name](schema.channel_clock)
         self.let_in = promotion(schema, schema.channel.c.name.in_(
             bindparam("names", expanding=True)))
+        self.next_in_order = _next_in_order(schema)
 
 
 async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
@@ -479,6 +502,25 @@ def _fair_pick(schema: Schema) -> Any:
                    m.c.state.in_(_WAITING), not_paused(schema, m.c.queue), turn == 1)
             .order_by(m.c.fair_key, m.c.id)
             .limit(bindparam("most", type_=Integer())))
+
+
+def _next_in_order(schema: Schema) -> Any:
+    """The first message in key order of each of the channels ``names`` (a settle's
+    ordered channels), where it waits in the ``queues`` (not paused), is due and is below
+    :data:`~sqlmq.channels.BLOCKED`: one probe of the index ``(channel, fair_key, id)``
+    per channel, whatever its backlog. A head still running or waiting to retry is its
+    channel's first, and holds it back."""
+    m, c = schema.message, schema.channel
+    o = m.alias("o")
+    first = (select(o.c.id).where(o.c.channel == c.c.name, o.c.fair_key.is_not(None))
+             .order_by(o.c.fair_key, o.c.id).limit(1).correlate(c).scalar_subquery())
+    return (select(m.c.id, m.c.channel, m.c.channel_due_at)
+            .select_from(c.join(m, m.c.id == first))
+            .where(c.c.name.in_(bindparam("names", expanding=True)),
+                   m.c.queue.in_(bindparam("queues", expanding=True)),
+                   m.c.state.in_(_WAITING), m.c.fair_key < _BLOCKED,
+                   m.c.channel_due_at <= _NOW, not_paused(schema, m.c.queue))
+            .order_by(m.c.fair_key, m.c.id))
 
 
 def window_of(schema: Schema, channel: Any) -> Any:

@@ -11,9 +11,11 @@ channel's lock nor a recount is needed to stay within the limit, whatever other 
 do meanwhile. The count read here only keeps a lowered limit from being passed on.
 
 Only a channel whose one limit is ``max_concurrency`` passes its slots on
-(:func:`sqlmq.channels.passed_on`); the subscriber asks only while it has workers to spare,
-so the least-recently-served order of the acquire decides whenever the workers are the
-limit.
+(:func:`sqlmq.channels.passed_on`), and an ordered channel without other limits its turn:
+its next message in key order, once nothing of it runs, which no other process can start
+meanwhile (its head comes first until this commits). The subscriber asks only while it has
+workers to spare and its fetcher is caught up, so the acquire's order decides whenever
+the workers are the limit.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class SlotPassing:
                         picked: dict[int, tuple[str, datetime]], lease: float,
                         holding: set[str], passing: set[str]) -> list[Delivery]: ...
 
+        async def _pass_heads(self, conn: AsyncConnection, names: list[str],
+                              queues: Sequence[str], lease: float) -> list[Delivery]: ...
+
     async def settle_passing(self, settlements: Sequence[Settlement],
                              slots: Mapping[int, str], queues: Sequence[str], lease: float,
                              most: int) -> tuple[set[int], list[Delivery]]:
@@ -64,24 +69,32 @@ class SlotPassing:
                           queues: Sequence[str], lease: float,
                           most: int) -> list[Delivery]:
         """Start the messages of the ``freed`` slots that may be passed on, counted after
-        the settle in this transaction, ``most`` in all."""
+        the settle in this transaction, ``most`` in all: a concurrency-limited channel's
+        next due messages, an ordered channel's next in order
+        (:meth:`.core_fair.FairAcquire._pass_heads`)."""
         sql = self._channel_sql
         plan: dict[str, int] = {}
+        heads: list[str] = []
         for r in await conn.execute(sql.slot_limits, {"names": sorted(freed)}):
-            n = min(passed_on(effective(r), freed[r.name], r.running), most)
+            settings = effective(r)
+            n = min(passed_on(settings, freed[r.name], r.running), most)
             if n > 0:
-                plan[r.name] = n
                 most -= n
+                if settings.ordered:
+                    heads.append(r.name)
+                else:
+                    plan[r.name] = n
+        started = await self._pass_heads(conn, heads, queues, lease) if heads else []
         if not plan:
-            return []
+            return started
         statement, params = sql.due_of(sorted(plan))
         found = await conn.execute(statement, {
             **params, "queues": list(queues), "most": max(plan.values())})
         picked = {r.id: (r.channel, r.channel_due_at) for r in found
                   if r.rn <= plan[r.channel]}
         if not picked:
-            return []
-        return await self._take(conn, picked, lease, set(plan), set(plan))
+            return started
+        return started + await self._take(conn, picked, lease, set(plan), set(plan))
 
 
 __all__ = ["SlotPassing"]

@@ -159,7 +159,7 @@ class MemoryChannels:
             lowest[r.queue] = min(lowest.get(r.queue, turn_of(r.fair_key)), turn_of(r.fair_key))
             scheduled, r.channel_due_at = r.channel_due_at, None
             d = take(r, scheduled)
-            d.holds_slot = settings[r.channel].ordered
+            d.holds_slot = d.passes_slot = settings[r.channel].ordered
             out.append(d)
         for queue, turn in lowest.items():
             self.clocks[queue] = max(self.clocks.get(queue, 0), turn)
@@ -224,9 +224,11 @@ class MemoryChannels:
     def pass_slots(self, rows: Iterable[Any], freed: Mapping[str, int], queues: Sequence[str],
                    most: int, now: datetime,
                    take: Callable[[Any, datetime | None], Delivery]) -> list[Delivery]:
-        """As :meth:`.core_channels.ChannelStatements._pass_slots`: up to ``freed[name]``
-        due messages of each channel with only a concurrency limit, within it, ``most`` in
-        all (a settle's freed slots passed on, the channel's running count unchanged)."""
+        """As :meth:`.core_slots.SlotPassing._pass_slots`: up to ``freed[name]`` due
+        messages of each channel with only a concurrency limit, within it, and the first
+        message in key order of each ordered channel without other limits, if it waits
+        and is due; ``most`` in all (a settle's freed slots passed on, the channel's
+        running count unchanged)."""
         wanted = set(queues)
         of: dict[str, list[Any]] = {}
         for r in rows:
@@ -239,8 +241,14 @@ class MemoryChannels:
                 continue
             mine = of.get(name, [])
             running = sum(1 for r in mine if r.state == State.PROCESSING)
-            n = min(passed_on(self.effective(ch), freed[name], running), most - len(out))
-            for r in sorted(_due(mine, wanted, now), key=_pick_order)[:max(n, 0)]:
+            settings = self.effective(ch)
+            n = min(passed_on(settings, freed[name], running), most - len(out))
+            due = _due(mine, wanted, now)
+            if settings.ordered:
+                keyed = [r for r in mine if r.fair_key is not None]
+                first = min(keyed, key=lambda r: (r.fair_key, r.id)) if keyed else None
+                due = [first] if first is not None and first in due else []
+            for r in sorted(due, key=_pick_order)[:max(n, 0)]:
                 scheduled, r.channel_due_at = r.channel_due_at, None
                 d = take(r, scheduled)
                 d.holds_slot = d.passes_slot = True

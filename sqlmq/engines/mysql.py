@@ -196,7 +196,8 @@ class FairPacket:
         rows = sorted(rows, key=lambda r: (r[17], r[0]))
         out = _deliveries(rows, lease)
         for d, r in zip(out, rows, strict=True):
-            d.channel, d.holds_slot = r[16], bool(r[18])
+            d.channel = r[16]
+            d.holds_slot = d.passes_slot = bool(r[18])
         self._fair_spread[tuple(queues)] = len({r[16] for r in rows})
         return out
 
@@ -214,11 +215,27 @@ class SlotPacket:
     settle: Callable[[Sequence[Settlement]], Awaitable[set[int]]]
 
     @cached_property
-    def _pass_statements(self) -> tuple[str, str, str]:
-        """PASS_ROOM, PASS_READ and PASS_TAKE, rendered once."""
-        names = {**self.names, "name_length": MAX_QUEUE_NAME}
-        return (render(sql.PASS_ROOM, names), render(sql.PASS_READ, names),
-                render(sql.PASS_TAKE, names))
+    def _pass_statements(self) -> tuple[str, str, str, str, str]:
+        """PASS_ROOM, PASS_HEADS_LOCK, PASS_READ, PASS_TAKE and FAIR_LET_IN, rendered
+        once."""
+        names = {**self.names, "name_length": MAX_QUEUE_NAME, "blocked": BLOCKED,
+                 "lookahead": ORDERED_LOOKAHEAD}
+        return (render(sql.PASS_ROOM, names), render(sql.PASS_HEADS_LOCK, names),
+                render(sql.PASS_READ, names), render(sql.PASS_TAKE, names),
+                render(sql.FAIR_LET_IN, names))
+
+    @cached_property
+    def _pass_heads(self) -> dict[int, str]:
+        """PASS_HEADS by number of queues (rendered once per count)."""
+        return {}
+
+    def _pass_heads_of(self, queues: int) -> str:
+        heads = self._pass_heads.get(queues)
+        if heads is None:
+            heads = self._pass_heads[queues] = render(sql.PASS_HEADS, {
+                **self.names, "queues": placeholders(queues), "name_length": MAX_QUEUE_NAME,
+                "blocked": BLOCKED})
+        return heads
 
     @cached_property
     def _pass_picks(self) -> dict[tuple[int, int], str]:
@@ -245,15 +262,20 @@ class SlotPacket:
                              min(most, await self._max_ids()))
         if not bounds:
             return await self.settle(settlements), []
-        room, read, take = self._pass_statements
+        room, lock_heads, read, take, let_in = self._pass_statements
         held = json.dumps([[s.id, s.deliveries, slots[s.id]] for s in settlements
                            if s.id in slots])
+        # an ordered channel's turn passes within the bounds too: most in all
+        heads = json.dumps([[s.id, s.deliveries, slots[s.id]] for s in settlements
+                            if slots.get(s.id) in bounds])
         settle = self._settle_statements(settlements)
         packet = [(sql.BEGIN, ()), *settle[:2], (room, [held]), *settle[2:],
                   (self._pass_pick(len(queues), len(bounds)),
                    [a for channel, n in bounds.items() for a in (channel, *queues, n)]),
-                  (read, ()), (take, [round(lease * 1_000_000)]), (sql.COMMIT, ())]
-        locked, rows = await self._packet(packet, keep=[2, len(packet) - 3])
+                  (self._pass_heads_of(len(queues)), [heads, *queues]), (lock_heads, ()),
+                  (read, ()), (take, [round(lease * 1_000_000)]), (let_in, ()),
+                  (sql.COMMIT, ())]
+        locked, rows = await self._packet(packet, keep=[2, len(packet) - 4])
         rows.sort(key=lambda r: r[0])
         out = _deliveries(rows, lease)
         for d, r in zip(out, rows, strict=True):

@@ -228,11 +228,11 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         #: What earlier acquires of each queue proved taken (see :mod:`.pg_floors`).
         self.floors = ReadyFloors()
         self._acquire_many = render(sql.ACQUIRE_QUEUES, names)
-        self._acquire_fair_sql = render(sql.ACQUIRE_FAIR, {
-            **names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
-            "lookahead": ORDERED_LOOKAHEAD})
+        fair = {**names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
+                "lookahead": ORDERED_LOOKAHEAD}
+        self._acquire_fair_sql = render(sql.ACQUIRE_FAIR, fair)
         self._settle = render(sql.SETTLE, names)
-        self._settle_passing = render(sql.SETTLE_PASSING, names)
+        self._settle_passing = render(sql.SETTLE_PASSING, fair)
         self._insert = render(sql.INSERT, names)
         self._insert_at = render(sql.INSERT_AT, names)
         self._insert_quiet = render(sql.INSERT_QUIET, names)
@@ -386,7 +386,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         rows.sort(key=lambda r: (r[18], r[0]))
         out = _decoded(rows)
         for d, r in zip(out, rows, strict=True):
-            d.channel, d.holds_slot = r[17], r[19]
+            d.channel, d.holds_slot, d.passes_slot = r[17], r[19], r[19]
         self._fair_spread[tuple(queues)] = len({r[17] for r in rows})
         return out
 

@@ -179,7 +179,8 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         picked = {r.id: r for r in rows}
         out = _decoded(taken, {r.id: r.channel_due_at for r in rows})
         for d in out:
-            d.channel, d.holds_slot = picked[d.id].channel, bool(picked[d.id].ordered)
+            d.channel = picked[d.id].channel
+            d.holds_slot = d.passes_slot = bool(picked[d.id].ordered)
         order = {r.id: i for i, r in enumerate(rows)}
         out.sort(key=lambda d: order[d.id])
         return out

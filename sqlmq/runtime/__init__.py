@@ -77,10 +77,16 @@ class SubscriberRuntime:
     def _free_to_start(self) -> int:
         """How many more deliveries this subscriber could start at once: workers neither
         running a handler nor spoken for by the buffer; none while it stops or a suspect
-        runs alone. A settle passes freed channel slots on only up to this, so a slot goes
-        straight to the next message only while a worker waits for it anyway, and the
-        fetcher's least-recently-served order decides whenever the workers are the limit."""
-        if self.fetcher.stopping or not self.quarantine.gate.is_set():
+        runs alone, or while the fetcher's last acquire came back full. A settle passes
+        freed channel slots on only up to this, so a slot goes straight to the next message
+        only while a worker waits for it anyway, and the fetcher's least-recently-served
+        order decides whenever the workers are the limit. While acquires come back full,
+        the fetcher's batches keep the workers busy, and turns passed a few at a time only
+        split its flow into small settles: 1,000 ordered channels of 20, a no-op handler,
+        4 workers, PostgreSQL 22,000 -> 11,600 msg/s, the settles' median batch 190 -> 4
+        results."""
+        if (self.fetcher.stopping or not self.quarantine.gate.is_set()
+                or not self.fetcher.caught_up):
             return 0
         return self.cfg.workers - self.workers.running - self.fetcher.buffer.qsize()
 

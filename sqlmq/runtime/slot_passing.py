@@ -40,7 +40,7 @@ class SlotPassing:
         """Settle ``batch``, passing on the slots it frees if workers are free; the ids
         written and the deliveries started (not handed over yet: :meth:`start`)."""
         most = self._free()
-        slots = self._slots(batch) if most > 0 else {}
+        slots = self._slots(batch, most) if most > 0 else {}
         if not slots:
             return await engine.settle(batch), []
         sent = asyncio.get_running_loop().time()
@@ -60,15 +60,22 @@ class SlotPassing:
                 self._holdings.held[(d.id, d.deliveries)] = d
                 self._give_back(decide(d, self.cfg, ending=Ending.UNSTARTED))
 
-    def _slots(self, batch: Sequence[Settlement]) -> dict[int, str]:
-        """The results of ``batch`` whose delivery held a slot it may pass on (its
-        channel's one limit a concurrency limit when it was acquired), with the channel.
-        Others (an ordered channel's, a rate-limited one's) are not worth the passing
-        settle's extra reads: the engine would pass none of theirs on."""
+    def _slots(self, batch: Sequence[Settlement], most: int) -> dict[int, str]:
+        """The first ``most`` results of ``batch`` whose delivery held a slot it may pass
+        on (its channel's one limit a concurrency limit when it was acquired, or ordered
+        without other limits), with the channel. Others (a rate-limited channel's, an
+        ordered one with a limit) are not worth the passing settle's extra reads: the
+        engine would pass none of theirs on. Each passes one start on at most, so the
+        rest would only cost the engine a look at their channels."""
         held = self._holdings.held
-        return {s.id: d.channel for s in batch
-                if (d := held.get((s.id, s.deliveries))) is not None and d.passes_slot
-                and d.channel is not None}
+        slots: dict[int, str] = {}
+        for s in batch:
+            d = held.get((s.id, s.deliveries))
+            if d is not None and d.passes_slot and d.channel is not None:
+                slots[s.id] = d.channel
+                if len(slots) >= most:
+                    break
+        return slots
 
 
 __all__ = ["SlotPassing"]

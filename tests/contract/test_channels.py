@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from sqlmq.channels import TURN_QUANTUM, ChannelSettings
+from sqlmq.channels import ORDERED_WINDOW, TURN_QUANTUM, ChannelSettings
 from sqlmq.errors import ChannelFull
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Delivery, NewMessages, Settlement
@@ -534,3 +534,91 @@ async def test_idle_channels_are_forgotten_and_a_publish_makes_them_again(env: E
     assert "idle" in {c.name for c in await engine.channels()}
     got = [d for d in await engine.acquire(["q"], 10, 30) if d.id in back]
     assert len(got) == 2
+
+
+async def test_a_settle_passes_an_ordered_channels_turn_to_its_next_message(
+        env: Env) -> None:
+    """An ordered channel without other limits: the settle that archives its head starts
+    the next in its order (not by priority), due and in the caller's queues; nothing else
+    of the channel starts meanwhile."""
+    await env.engine.set_channel("o", "q", ChannelSettings(ordered=True))
+    sent = []
+    for priority in (-5, 9, 0):
+        batch = NewMessages.of([msg("q", b"o")])
+        sent += await env.engine.publish(replace(batch, channel="o", priority=priority))
+    (head,) = await env.engine.acquire(["q"], 10, 30)
+    assert head.id == sent[0] and head.holds_slot and head.passes_slot
+    applied, started = await env.engine.settle_passing([done(head)], passing(head), ["q"],
+                                                       30, 10)
+    assert applied == {sent[0]} and ids(started) == [sent[1]]
+    assert all(d.holds_slot and d.passes_slot and d.channel == "o" and d.deliveries == 1
+               for d in started)
+    assert await env.engine.acquire(["q"], 10, 30) == []  # its turn is taken
+    # a stale settle of the running one passes nothing on
+    stale = Settlement(started[0].id, started[0].deliveries + 1, Outcome.COMPLETE)
+    assert await env.engine.settle_passing([stale], passing(started[0]), ["q"], 30,
+                                           10) == (set(), [])
+    # a head that fails and retries later keeps its place: nothing passes it
+    retry = Settlement(started[0].id, started[0].deliveries, Outcome.RETRY, error="boom",
+                       delay=60)
+    applied, none = await env.engine.settle_passing([retry], passing(started[0]), ["q"], 30,
+                                                    10)
+    assert applied == {sent[1]} and none == []
+    assert await env.engine.acquire(["q"], 10, 30) == []
+
+
+async def test_an_ordered_channel_passed_on_settle_by_settle_keeps_its_order(
+        env: Env) -> None:
+    """Past its window (the SQL engines block the rest), each settle starts the next, in
+    publish order, with no acquire between them and nothing left stuck."""
+    await env.engine.set_channel("o", "q", ChannelSettings(ordered=True))
+    sent = await publish(env, "o", ORDERED_WINDOW + 6)
+    order: list[int] = []
+    running = await env.engine.acquire(["q"], 10, 30)
+    while running:
+        assert len(running) == 1
+        order.append(running[0].id)
+        applied, running = await env.engine.settle_passing(
+            [done(running[0])], passing(running[0]), ["q"], 30, 10)
+        assert applied == {order[-1]}
+    assert order == sent
+
+
+async def test_passing_an_ordered_turn_needs_a_due_next_message_in_the_queues(
+        env: Env) -> None:
+    await env.engine.set_channel("o", "q", ChannelSettings(ordered=True))
+    sent = await publish(env, "o", 1)
+    sent += await publish(env, "o", 1, delay=60)
+    sent += await publish(env, "o", 1, queue="other")
+    (head,) = await env.engine.acquire(["q"], 10, 30)
+    assert head.id == sent[0]
+    # the next one is not due: it keeps its place, and the third waits behind it
+    assert await env.engine.settle_passing([done(head)], passing(head), ["q", "other"], 30,
+                                           10) == ({sent[0]}, [])
+    assert await env.engine.acquire(["q", "other"], 10, 30) == []
+
+
+async def test_passing_an_ordered_turn_starts_nothing_in_a_queue_not_listed(
+        env: Env) -> None:
+    await env.engine.set_channel("o", "q", ChannelSettings(ordered=True))
+    sent = await publish(env, "o", 1)
+    sent += await publish(env, "o", 1, queue="other")
+    (head,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.settle_passing([done(head)], passing(head), ["q"], 30, 10) == (
+        {sent[0]}, [])
+    assert ids(await env.engine.acquire(["other"], 10, 30)) == [sent[1]]
+
+
+async def test_passing_ordered_turns_starts_at_most_what_the_caller_can_start(
+        env: Env) -> None:
+    for name in ("a", "b", "c"):
+        await env.engine.set_channel(name, "q", ChannelSettings(ordered=True))
+        await publish(env, name, 2)
+    heads = await env.engine.acquire(["q"], 10, 30)
+    assert len(heads) == 3
+    applied, started = await env.engine.settle_passing(
+        [done(d) for d in heads], passing(*heads), ["q"], 30, 2)
+    assert applied == set(ids(heads)) and len(started) == 2
+    # the third channel's next one is the acquire's
+    (last,) = await env.engine.acquire(["q"], 10, 30)
+    assert {d.channel for d in started} | {last.channel} == {"a", "b", "c"}

@@ -176,15 +176,23 @@ SELECT JSON_ARRAYAGG(id) INTO @sqlmq_pick FROM (
 #    @sqlmq_now; 3. FAIR_READ them (with their channel, key, and whether it is ordered);
 #    4. FAIR_TAKE them, leased for %s microseconds; 5. move each queue's clock on to the
 #    lowest turn taken (FAIR_CLOCK).
-FAIR_LOCK = """
-SELECT JSON_ARRAYAGG(id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now FROM (
+def _lock_waiting(picked: str, into: str) -> str:
+    """Lock the channel messages listed in session variable ``picked`` that still wait
+    (SKIP LOCKED), ``into`` taking the JSON array of their ids (``r.id``) as the first
+    of its SELECT's columns."""
+    return f"""
+SELECT {into} FROM (
     SELECT m.id
-    FROM JSON_TABLE(COALESCE(@sqlmq_pick, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
-    STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
+    FROM JSON_TABLE(COALESCE({picked}, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS t
+    STRAIGHT_JOIN {{m}} AS m FORCE INDEX (PRIMARY) ON m.id = t.id
     WHERE m.state IN ('PENDING', 'RETRYABLE') AND m.channel_due_at IS NOT NULL
     FOR UPDATE SKIP LOCKED
 ) AS r
 """
+
+
+FAIR_LOCK = _lock_waiting(
+    "@sqlmq_pick", "JSON_ARRAYAGG(r.id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now")
 
 FAIR_READ = _read("channel_due_at", ", m.channel, m.fair_key, " + fair_kind("m") + " = 1")
 
@@ -351,6 +359,33 @@ PASS_PICK_PART = """
  ORDER BY priority DESC, channel_due_at, id
  LIMIT %s
  FOR UPDATE SKIP LOCKED)"""
+
+# Then PASS_HEADS: each ordered channel without other limits among the results (%s: the
+# JSON array PASS_ROOM reads) whose head the settle deleted starts its first message in key
+# order (the fair order), if that waits, is due in the queues ({queues}, parameters after
+# the array) and is not blocked: a probe of the index (channel, fair_key, id) per channel.
+# Read without locks (its subquery reads the channel rows), into @sqlmq_heads; PASS_HEADS_LOCK
+# locks those still waiting (SKIP LOCKED) and adds them to @sqlmq_take. After PASS_TAKE,
+# FAIR_LET_IN lets the next ones in, as after the fair take of a head.
+PASS_HEADS = """
+SELECT JSON_ARRAYAGG(m.id) INTO @sqlmq_heads FROM (
+    SELECT DISTINCT s.channel
+    FROM JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$[0]',
+        channel VARCHAR({name_length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin
+        PATH '$[2]')) AS s
+    WHERE NOT EXISTS (SELECT 1 FROM {m} AS g FORCE INDEX (PRIMARY) WHERE g.id = s.id)
+) AS h
+STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = (
+    SELECT o.id FROM {m} AS o FORCE INDEX (ix_{m}_channel_key)
+    WHERE o.channel = h.channel AND o.fair_key IS NOT NULL
+    ORDER BY o.fair_key, o.id LIMIT 1)
+WHERE m.state IN ('PENDING', 'RETRYABLE') AND m.fair_key < {blocked}
+  AND m.channel_due_at <= UTC_TIMESTAMP(6) AND m.queue IN ({queues})
+  AND m.queue NOT IN (SELECT queue FROM {pause}) AND """ + fair_kind("m") + """ = 1
+"""
+PASS_HEADS_LOCK = _lock_waiting(
+    "@sqlmq_heads", "JSON_MERGE_PRESERVE(COALESCE(@sqlmq_take, '[]'), "
+    "COALESCE(JSON_ARRAYAGG(r.id), '[]')) INTO @sqlmq_take")
 
 PASS_READ = _read("channel_due_at", ", m.channel")
 

@@ -384,18 +384,26 @@ UNION ALL SELECT id FROM moved
 # start. Each channel with only a concurrency limit starts as many of its due messages as
 # results of it landed, within the limit; no channel lock is needed, as the channel's
 # running count never grows. The statement's snapshot still sees the landed deliveries
-# running, so the room left is the limit less the count plus what landed. One row per
-# message started (or one with NULLs), each led by the ids that landed, then the row as
-# ACQUIRE returns it and its channel.
+# running, so the room left is the limit less the count plus what landed. Each ordered
+# channel without other limits whose head this archives starts its next message in key
+# order (ACQUIRE_FAIR's order), if it waits, is due and is not blocked: the first of the
+# channel's rows but the archived ones (which the snapshot still sees), one probe of the
+# index (channel, fair_key, id); and lets the next one in as the fair take of a head does.
+# (A head put back to retry is still the first: nothing passes it.) No other process can
+# start that message meanwhile: until this commits, its head comes before it. The take
+# checks each row waits, all the same. One row per message started (or one with NULLs),
+# each led by the ids that landed, then the row as ACQUIRE returns it and its channel.
 SETTLE_PASSING = SETTLE.rsplit("SELECT id FROM archived", 1)[0] + """, landed AS (
     SELECT id FROM archived UNION ALL SELECT id FROM done WHERE keep = 0
     UNION ALL SELECT id FROM moved
-), freed AS (
-    SELECT s.channel, count(*) AS n
+), held AS (
+    SELECT s.id, s.channel
     FROM unnest(CAST(CAST($1 AS TEXT) AS BIGINT[]), CAST(CAST($10 AS TEXT) AS TEXT[]))
         AS s(id, channel)
-    WHERE s.channel IS NOT NULL AND s.id IN (SELECT id FROM landed)
-    GROUP BY s.channel
+    WHERE s.channel IS NOT NULL
+), freed AS (
+    SELECT channel, count(*) AS n FROM held WHERE id IN (SELECT id FROM landed)
+    GROUP BY channel
 ), room AS (
     SELECT f.channel, LEAST(f.n, lim.most - lim.running + f.n) AS n
     FROM freed AS f CROSS JOIN LATERAL (
@@ -406,7 +414,7 @@ SETTLE_PASSING = SETTLE.rsplit("SELECT id FROM archived", 1)[0] + """, landed AS
         WHERE c.name = f.channel
     ) AS lim
     WHERE lim.most IS NOT NULL
-), ready AS (
+), passed AS (
     SELECT r.id, r.next_attempt_at, room.channel FROM room CROSS JOIN LATERAL (
         SELECT n.id, n.channel_due_at AS next_attempt_at FROM {m} AS n
         WHERE n.channel = room.channel AND n.state IN ('PENDING', 'RETRYABLE')
@@ -417,7 +425,27 @@ SETTLE_PASSING = SETTLE.rsplit("SELECT id FROM archived", 1)[0] + """, landed AS
         FOR UPDATE SKIP LOCKED
     ) AS r
     LIMIT $13
-), taken AS (""" + _take("channel_due_at", ",\n    m.channel", lease="$12") + """)
+), heads AS (
+    SELECT DISTINCT h.channel FROM held AS h
+    WHERE h.id IN (SELECT id FROM done) AND """ + fair_kind("h") + """ = 1
+), following AS (
+    SELECT n.id, n.channel_due_at AS next_attempt_at, heads.channel
+    FROM heads CROSS JOIN LATERAL (
+        SELECT o.id, o.state, o.channel_due_at, o.fair_key, o.queue
+        FROM {m} AS o
+        WHERE o.channel = heads.channel AND o.fair_key IS NOT NULL
+          AND o.id NOT IN (SELECT id FROM done)
+        ORDER BY o.fair_key, o.id
+        LIMIT 1
+    ) AS n
+    WHERE n.state IN ('PENDING', 'RETRYABLE') AND n.fair_key < {blocked}
+      AND n.channel_due_at <= now() AND n.queue = ANY($11::text[])
+      AND n.queue NOT IN (SELECT queue FROM {pause})
+), ready AS (
+    SELECT * FROM (SELECT * FROM passed UNION ALL SELECT * FROM following) AS r LIMIT $13
+), let_in AS (""" + let_in("following", "true") + """
+), taken AS (""" + _take("channel_due_at", ",\n    m.channel", lease="$12",
+                        by="m.id = ready.id AND m.state IN ('PENDING', 'RETRYABLE')") + """)
 SELECT (SELECT array_agg(id) FROM landed), taken.* FROM (SELECT 1) AS one
 LEFT JOIN taken ON true
 """
