@@ -217,8 +217,9 @@ class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, Cont
                  messages.queue, tries + 1, KEYED_TRIES)
         return True
 
-    def _deadlock(self, exc: DBAPIError) -> bool:
-        """Whether the database ended the transaction to break a deadlock."""
+    def _deadlock(self, exc: BaseException) -> bool:
+        """Whether the database ended the transaction to break a deadlock (``exc`` as
+        SQLAlchemy wrapped it, or as the driver raised it)."""
         return False
 
     def _wake_statement(self, messages: NewMessages) -> Executable | None:

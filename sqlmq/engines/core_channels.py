@@ -22,11 +22,12 @@ caller's engine at REPEATABLE READ gets two, so that the recount sees past the r
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Float,
@@ -83,6 +84,10 @@ from .rows import blob, decode_history, decode_rows, headers_of, undecodable_del
 from .sql_lists import list_rows, listed, served_in_order
 
 _NOW = db_now_plus(literal(0.0))
+log = logging.getLogger("sqlmq")
+#: How many times a part of an acquire runs while the database chooses it as a deadlock's
+#: victim (see ``ChannelStatements.acquire``).
+ACQUIRE_TRIES = 3
 #: How often a statement that makes a channel's row and then reads or updates it tries
 #: again when the row was deleted between the two (forget_idle_channels): once is rare.
 _MAKE_TRIES = 3
@@ -194,21 +199,50 @@ class ChannelStatements(FairAcquire):
                              lease: float) -> list[Delivery]:
         raise NotImplementedError
 
+    if TYPE_CHECKING:
+        def _deadlock(self, exc: BaseException) -> bool: ...
+
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         """The plain acquire, and, once channels exist, the channels' acquire: each goes
-        first every other time, the second taking what the first left of ``limit``."""
+        first every other time, the second taking what the first left of ``limit``.
+
+        Each is its own transaction. One the database chose as a deadlock's victim wrote
+        nothing, and runs again at once (:meth:`_again_if_victim`): the fetcher's backoff
+        made a drain wait, with a warning, for what is routine on a busy MariaDB. If the
+        second fails otherwise, the first's messages are returned all the same, leased to
+        this caller (raised, they waited out their lease unrun), and the failure logged:
+        the next acquire meets it again if it lasts."""
         if not await self._lookouts.channels.sees(self._transaction):
-            return await self._acquire_plain(queues, limit, lease)
+            return await self._again_if_victim(self._acquire_plain, queues, limit, lease)
         self._channels_first = not self._channels_first
-        if self._channels_first:
-            out = await self._acquire_channels(queues, limit, lease)
-            if len(out) < limit:
-                out += await self._acquire_plain(queues, limit - len(out), lease)
-            return out
-        out = await self._acquire_plain(queues, limit, lease)
+        parts = (self._acquire_channels, self._acquire_plain)
+        first, second = parts if self._channels_first else parts[::-1]
+        out = await self._again_if_victim(first, queues, limit, lease)
         if len(out) < limit:
-            out += await self._acquire_channels(queues, limit - len(out), lease)
+            try:
+                out += await self._again_if_victim(second, queues, limit - len(out), lease)
+            except Exception as exc:
+                if not out:
+                    raise
+                log.warning("an acquire from %s took %d message(s), then failed (%s: %s); "
+                            "they run, and the next acquire tries again", ",".join(queues),
+                            len(out), type(exc).__name__, exc, exc_info=True)
         return out
+
+    async def _again_if_victim(self, part: Callable[..., Awaitable[list[Delivery]]],
+                               queues: Sequence[str], limit: int,
+                               lease: float) -> list[Delivery]:
+        """``part(queues, limit, lease)``, run again (up to :data:`ACQUIRE_TRIES` times
+        in all) while the database chooses it as a deadlock's victim."""
+        for tries in range(1, ACQUIRE_TRIES + 1):
+            try:
+                return await part(queues, limit, lease)
+            except Exception as exc:
+                if tries >= ACQUIRE_TRIES or not self._deadlock(exc):
+                    raise
+                log.info("an acquire from %s was a deadlock's victim; running it again "
+                         "(%d of %d)", ",".join(queues), tries + 1, ACQUIRE_TRIES)
+        raise AssertionError("unreachable")
 
     def channel_start_in(self, queues: Sequence[str]) -> float | None:
         at = self._rate_waits.get(tuple(queues))

@@ -382,8 +382,9 @@ class MysqlEngine(SlotPacket, FairPacket, IdLists, ArchiveAndStatsMixin, SqlEngi
                                      one_packet=total + size < _PACKET_BYTES)
         return sorted(int(row[0]) for rows in results for row in rows)
 
-    def _deadlock(self, exc: DBAPIError) -> bool:
-        return bool(getattr(exc.orig, "args", None)) and exc.orig.args[0] == _ER_LOCK_DEADLOCK
+    def _deadlock(self, exc: BaseException) -> bool:
+        args = getattr(exc.orig if isinstance(exc, DBAPIError) else exc, "args", None)
+        return bool(args) and args[0] == _ER_LOCK_DEADLOCK
 
     def _insert_many(self, rows: int) -> str:
         """INSERT_MANY for this many rows (the full chunk's statement is kept)."""

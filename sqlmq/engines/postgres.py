@@ -321,7 +321,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
                 statement, paramstyle)
         return found.text, found.args(insert_args(self.channel, messages))
 
-    def _deadlock(self, exc: DBAPIError) -> bool:
+    def _deadlock(self, exc: BaseException) -> bool:
         return deadlock_detected(exc)
 
     def _wake_statement(self, messages: NewMessages) -> Executable | None:
