@@ -147,9 +147,9 @@ class Broker(Publisher, Scheduling, Administration, Operations):
     def subscriber(
         self, queues: str | Sequence[str] | None = None, *,
         topic: str | Sequence[str] | None = None, group: str | None = None,
-        workers: int = 8, fetch_batch: int = 500,
+        workers: int = 8, fetch_batch: int = 1000,
         prefetch: int | None = None, min_fetch_interval: float = 0.0,
-        max_fetch_interval: float = 1.0, flush_interval: float = 0.05, flush_batch: int = 500,
+        max_fetch_interval: float = 1.0, flush_interval: float = 0.05, flush_batch: int = 2000,
         max_unflushed: int = 10_000, lease: float = 30.0, renew_leases: bool = True,
         recovery_interval: float | None = None,
         max_deliveries: int | Literal["auto"] | None = "auto",

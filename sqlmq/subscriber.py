@@ -59,12 +59,12 @@ class SubscriberConfig:
     #: The consumer groups it joins, as (pattern, group): their queues are among ``queues``.
     groups: tuple[tuple[str, str], ...] = ()
     workers: int = 8
-    fetch_batch: int = 500  # the most one acquire asks for (see runtime.fetcher.FetchSize)
+    fetch_batch: int = 1000  # the most one acquire asks for (see runtime.fetcher.FetchSize)
     prefetch: int | None = None  # buffered, unstarted messages; default 2 × fetch_batch
     min_fetch_interval: float = 0.0
     max_fetch_interval: float = 1.0
     flush_interval: float = 0.05
-    flush_batch: int = 500
+    flush_batch: int = 2000
     max_unflushed: int = 10_000
     lease: float = 30.0
     renew_leases: bool = True
