@@ -232,17 +232,8 @@ class ChannelStatements(FairAcquire):
     async def _again_if_victim(self, part: Callable[..., Awaitable[list[Delivery]]],
                                queues: Sequence[str], limit: int,
                                lease: float) -> list[Delivery]:
-        """``part(queues, limit, lease)``, run again (up to :data:`ACQUIRE_TRIES` times
-        in all) while the database chooses it as a deadlock's victim."""
-        for tries in range(1, ACQUIRE_TRIES + 1):
-            try:
-                return await part(queues, limit, lease)
-            except Exception as exc:
-                if tries >= ACQUIRE_TRIES or not self._deadlock(exc):
-                    raise
-                log.info("an acquire from %s was a deadlock's victim; running it again "
-                         "(%d of %d)", ",".join(queues), tries + 1, ACQUIRE_TRIES)
-        raise AssertionError("unreachable")
+        return await again_if_victim(lambda: part(queues, limit, lease), self._deadlock,
+                                     ",".join(queues))
 
     def channel_start_in(self, queues: Sequence[str]) -> float | None:
         at = self._rate_waits.get(tuple(queues))
@@ -670,6 +661,23 @@ class ChannelSql:
         if statement is None:
             statement = built[len(names)] = build(self._schema, len(names))
         return statement, {f"{key}{i}": name for i, name in enumerate(names)}
+
+
+async def again_if_victim(part: Callable[[], Awaitable[list[Delivery]]],
+                          deadlock: Callable[[BaseException], bool],
+                          queues: str) -> list[Delivery]:
+    """``part()``, a part of an acquire from ``queues``, run again (up to
+    :data:`ACQUIRE_TRIES` times in all) while the database chooses it as a deadlock's
+    victim (``deadlock``)."""
+    for tries in range(1, ACQUIRE_TRIES + 1):
+        try:
+            return await part()
+        except Exception as exc:
+            if tries >= ACQUIRE_TRIES or not deadlock(exc):
+                raise
+            log.info("an acquire from %s was a deadlock's victim; running it again "
+                     "(%d of %d)", queues, tries + 1, ACQUIRE_TRIES)
+    raise AssertionError("unreachable")
 
 
 #: The most channels MySQL's and MariaDB's pick reads as a UNION ALL of one LIMIT each (a
