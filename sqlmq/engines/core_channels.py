@@ -207,20 +207,21 @@ class ChannelStatements(FairAcquire):
         first every other time, the second taking what the first left of ``limit``.
 
         Each is its own transaction. One the database chose as a deadlock's victim wrote
-        nothing, and runs again at once (:meth:`_again_if_victim`): the fetcher's backoff
+        nothing, and runs again at once (:func:`again_if_victim`): the fetcher's backoff
         made a drain wait, with a warning, for what is routine on a busy MariaDB. If the
         second fails otherwise, the first's messages are returned all the same, leased to
         this caller (raised, they waited out their lease unrun), and the failure logged:
         the next acquire meets it again if it lasts."""
+        victim = self._deadlock
         if not await self._lookouts.channels.sees(self._transaction):
-            return await self._again_if_victim(self._acquire_plain, queues, limit, lease)
+            return await again_if_victim(self._acquire_plain, victim, queues, limit, lease)
         self._channels_first = not self._channels_first
         parts = (self._acquire_channels, self._acquire_plain)
         first, second = parts if self._channels_first else parts[::-1]
-        out = await self._again_if_victim(first, queues, limit, lease)
+        out = await again_if_victim(first, victim, queues, limit, lease)
         if len(out) < limit:
             try:
-                out += await self._again_if_victim(second, queues, limit - len(out), lease)
+                out += await again_if_victim(second, victim, queues, limit - len(out), lease)
             except Exception as exc:
                 if not out:
                     raise
@@ -228,12 +229,6 @@ class ChannelStatements(FairAcquire):
                             "they run, and the next acquire tries again", ",".join(queues),
                             len(out), type(exc).__name__, exc, exc_info=True)
         return out
-
-    async def _again_if_victim(self, part: Callable[..., Awaitable[list[Delivery]]],
-                               queues: Sequence[str], limit: int,
-                               lease: float) -> list[Delivery]:
-        return await again_if_victim(lambda: part(queues, limit, lease), self._deadlock,
-                                     ",".join(queues))
 
     def channel_start_in(self, queues: Sequence[str]) -> float | None:
         at = self._rate_waits.get(tuple(queues))
@@ -663,20 +658,20 @@ class ChannelSql:
         return statement, {f"{key}{i}": name for i, name in enumerate(names)}
 
 
-async def again_if_victim(part: Callable[[], Awaitable[list[Delivery]]],
-                          deadlock: Callable[[BaseException], bool],
-                          queues: str) -> list[Delivery]:
-    """``part()``, a part of an acquire from ``queues``, run again (up to
+async def again_if_victim(part: Callable[[Sequence[str], int, float], Awaitable[list[Delivery]]],
+                          deadlock: Callable[[BaseException], bool], queues: Sequence[str],
+                          limit: int, lease: float) -> list[Delivery]:
+    """``part(queues, limit, lease)``, a part of an acquire, run again (up to
     :data:`ACQUIRE_TRIES` times in all) while the database chooses it as a deadlock's
     victim (``deadlock``)."""
     for tries in range(1, ACQUIRE_TRIES + 1):
         try:
-            return await part()
+            return await part(queues, limit, lease)
         except Exception as exc:
             if tries >= ACQUIRE_TRIES or not deadlock(exc):
                 raise
             log.info("an acquire from %s was a deadlock's victim; running it again "
-                     "(%d of %d)", queues, tries + 1, ACQUIRE_TRIES)
+                     "(%d of %d)", ",".join(queues), tries + 1, ACQUIRE_TRIES)
     raise AssertionError("unreachable")
 
 

@@ -157,6 +157,17 @@ class IdLists:
         return take_limit(concat)
 
 
+def _channel_fields(names: dict[str, object], queues: int | None = None) -> dict[str, object]:
+    """The fields of the channel statements (the fair acquire's and the passing settle's)
+    besides the tables': the fair key's parts, the channel name's length, and, for a
+    statement built per number of queues, their placeholders."""
+    fields = {**names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
+              "lookahead": ORDERED_LOOKAHEAD, "name_length": MAX_QUEUE_NAME}
+    if queues is not None:
+        fields["queues"] = placeholders(queues)
+    return fields
+
+
 class FairPacket:
     """The fair acquire of channels without limits on MySQL and MariaDB (see
     :mod:`.core_fair`), in one packet as the plain acquire: the generic path's four
@@ -174,8 +185,7 @@ class FairPacket:
 
     @cached_property
     def _fair_rest(self) -> list[str]:
-        names = {**self.names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
-                 "lookahead": ORDERED_LOOKAHEAD}
+        names = _channel_fields(self.names)
         return [render(sql.FAIR_LOCK, names), render(sql.FAIR_READ, names),
                 render(sql.FAIR_TAKE, names), render(sql.FAIR_CLOCK, names),
                 render(sql.FAIR_LET_IN, names)]
@@ -186,8 +196,7 @@ class FairPacket:
         pick = self._fair_picks.get(len(queues))
         if pick is None:
             pick = self._fair_picks[len(queues)] = render(
-                sql.FAIR_PICK, {**self.names, "queues": placeholders(len(queues)),
-                                "blocked": BLOCKED})
+                sql.FAIR_PICK, _channel_fields(self.names, len(queues)))
         lock, read, take, clock, let_in = self._fair_rest
         (rows,) = await self._packet(
             [(sql.BEGIN, ()), (pick, [*queues, most]),
@@ -218,8 +227,7 @@ class SlotPacket:
     def _pass_statements(self) -> tuple[str, str, str, str, str]:
         """PASS_ROOM, PASS_HEADS_LOCK, PASS_READ, PASS_TAKE and FAIR_LET_IN, rendered
         once."""
-        names = {**self.names, "name_length": MAX_QUEUE_NAME, "blocked": BLOCKED,
-                 "lookahead": ORDERED_LOOKAHEAD}
+        names = _channel_fields(self.names)
         return (render(sql.PASS_ROOM, names), render(sql.PASS_HEADS_LOCK, names),
                 render(sql.PASS_READ, names), render(sql.PASS_TAKE, names),
                 render(sql.FAIR_LET_IN, names))
@@ -232,9 +240,8 @@ class SlotPacket:
     def _pass_heads_of(self, queues: int) -> str:
         heads = self._pass_heads.get(queues)
         if heads is None:
-            heads = self._pass_heads[queues] = render(sql.PASS_HEADS, {
-                **self.names, "queues": placeholders(queues), "name_length": MAX_QUEUE_NAME,
-                "blocked": BLOCKED})
+            heads = self._pass_heads[queues] = render(
+                sql.PASS_HEADS, _channel_fields(self.names, queues))
         return heads
 
     @cached_property
@@ -245,8 +252,7 @@ class SlotPacket:
     def _pass_pick(self, queues: int, channels: int) -> str:
         pick = self._pass_picks.get((queues, channels))
         if pick is None:
-            names = {**self.names, "queues": placeholders(queues),
-                     "name_length": MAX_QUEUE_NAME}
+            names = _channel_fields(self.names, queues)
             part = render(sql.PASS_PICK_PART, names)
             pick = self._pass_picks[queues, channels] = render(sql.PASS_PICK, {
                 **names, "parts": sql.UNION_ALL.join([part] * channels)})
