@@ -6,24 +6,29 @@ makes nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import literal, select
 
 from sqlmq import Broker
-from sqlmq.engines import core_channels
+from sqlmq.engines import core_room
 
 from .conftest import rows
 
 
 @pytest.fixture
-def rows_never_made(monkeypatch: pytest.MonkeyPatch) -> None:
+def rows_never_made(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def nothing(table: Any, values: dict[str, Any]) -> Any:
         return select(literal(1))
 
-    monkeypatch.setattr(core_channels, "_INSERT_IGNORE",
-                        dict.fromkeys(core_channels._INSERT_IGNORE, nothing))
+    monkeypatch.setattr(core_room, "_INSERT_IGNORE",
+                        dict.fromkeys(core_room._INSERT_IGNORE, nothing))
+    core_room.room_statements.cache_clear()  # built once per schema: again, with the above
+    yield
+    monkeypatch.undo()
+    core_room.room_statements.cache_clear()
 
 
 async def test_set_channel_says_its_row_vanished(broker: Broker,

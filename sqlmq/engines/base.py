@@ -33,12 +33,13 @@ from ..records import NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
 from ..sqltime import db_now_plus
 from .contract import DeadLetterSource, WakeSource
-from .core_channels import ChannelAdmin, ChannelStatements, channel_flow, room_flow
+from .core_channels import ChannelAdmin, ChannelStatements
 from .core_control import ControlStatements
 from .core_fair import requeued_key
 from .core_insights import ArchiveInsights
 from .core_operations import OperationStatements
-from .core_publish import KEYED_TRIES, Flow, publish_flow, run_flow, run_flow_sync
+from .core_publish import KEYED_TRIES, Flow, Step, publish_flow, run_flow, run_flow_sync
+from .core_room import channel_flow, room_flow
 from .core_schedules import ScheduleRegistry
 from .core_slots import SlotPassing
 from .core_topics import TopicGroups
@@ -222,7 +223,7 @@ class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, Cont
         SQLAlchemy wrapped it, or as the driver raised it)."""
         return False
 
-    def _wake_statement(self, messages: NewMessages) -> Executable | None:
+    def _wake_statement(self, messages: NewMessages) -> Step | None:
         """What a Core publish runs to wake consumers in other processes (PostgreSQL's
         NOTIFY); None where they notice commits by themselves."""
         return None

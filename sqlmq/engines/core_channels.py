@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -47,9 +47,6 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import mysql as mysql_dialect
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -57,16 +54,12 @@ from ..channels import (
     NO_LIMITS,
     ChannelInfo,
     ChannelSettings,
-    Turns,
     allowance,
-    check_size,
-    first_turn,
     next_start,
     share,
-    window_room,
 )
 from ..lifecycle import State
-from ..records import Delivery, NewMessages
+from ..records import Delivery
 from ..schema import Schema, channel_index_of
 from ..sqltime import db_now_plus
 from .core_fair import (
@@ -75,11 +68,11 @@ from .core_fair import (
     is_ordered,
     limited,
     rekey,
-    window_of,
     with_default,
 )
 from .core_operations import not_paused
-from .core_publish import Flow, Step, publish_flow, run_flow
+from .core_publish import run_flow
+from .core_room import MAKE_TRIES, default_flow, room_statements, vanished
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
 from .sql_lists import list_rows, listed, served_in_order
 
@@ -88,97 +81,7 @@ log = logging.getLogger("sqlmq")
 #: How many times a part of an acquire runs while the database chooses it as a deadlock's
 #: victim (see ``ChannelStatements.acquire``).
 ACQUIRE_TRIES = 3
-#: How often a statement that makes a channel's row and then reads or updates it tries
-#: again when the row was deleted between the two (forget_idle_channels): once is rare.
-_MAKE_TRIES = 3
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
-
-
-def _vanished(name: str) -> RuntimeError:
-    """What a statement that made channel ``name``'s row and found it gone each time says."""
-    return RuntimeError(f"channel {name!r}: its row vanished {_MAKE_TRIES} times as it was "
-                        "made")
-
-_INSERT_IGNORE: dict[str, Callable[..., Any]] = {
-    "postgresql": lambda t, v: pg_dialect.insert(t).values(**v).on_conflict_do_nothing(),
-    "sqlite": lambda t, v: sqlite_dialect.insert(t).values(**v).on_conflict_do_nothing(),
-    "mysql": lambda t, v: _mysql_insert_or_nothing(t, v),
-    "mariadb": lambda t, v: _mysql_insert_or_nothing(t, v),
-}
-
-
-def _mysql_insert_or_nothing(table: Any, values: dict[str, Any]) -> Any:
-    """An insert whose duplicate sets its key to itself: INSERT IGNORE would leave a
-    warning on every publish to an existing channel, which the driver prints."""
-    stmt = mysql_dialect.insert(table).values(**values)
-    (key,) = table.primary_key.columns
-    return stmt.on_duplicate_key_update({key.name: stmt.inserted[key.name]})
-
-
-def channel_flow(schema: Schema, dialect: Dialect, messages: NewMessages,
-                 wake: Any, free: Callable[[], None] = lambda: None) -> Flow:
-    """Make room in the channel (:func:`room_flow`), publish with the turns it gave;
-    ``free`` is told when they were given (a channel without limits)."""
-    assert messages.channel is not None
-    turns = yield from room_flow(schema, dialect, messages.channel, messages.queue,
-                                 len(messages))
-    if turns is not None:
-        free()
-    return (yield from publish_flow(schema.message, dialect, messages, wake, turns))
-
-
-def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
-              adding: int) -> Generator[Step, Any, Turns | None]:
-    """Create channel ``name``'s row if need be and lock it (writers to one channel take
-    turns, so the count is exact), then refuse ``adding`` more messages with
-    :class:`~sqlmq.errors.ChannelFull` if they would exceed its ``max_size``: a publish's
-    and a requeue's check. Else, for a channel without limits, give them their turns
-    (:func:`sqlmq.channels.first_turn`; None: a channel with limits, whose messages get
-    no ``fair_key``). The queue's clock is read apart, without a lock:
-    a stale one only places a channel that had nothing waiting a little early in the
-    round. The queue's default is read under a shared lock, so that a change of it waits
-    for this publish and then sees its rows (:meth:`ChannelAdmin.set_channel_default`)."""
-    c, m, k = schema.channel, schema.message, schema.channel_clock
-    found = select(c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered, c.c.max_size,
-                   c.c.queue, c.c.last_turn).where(c.c.name == name)
-    if dialect.name != "sqlite":
-        found = found.with_for_update()
-    row = None
-    for _ in range(_MAKE_TRIES):  # the row may be forgotten between the two
-        yield _INSERT_IGNORE[dialect.name](c, {"name": name, "queue": queue,
-                                                "created_at": _NOW}), None
-        if (row := (yield found, None).one_or_none()) is not None:
-            break
-    if row is None:
-        raise _vanished(name)
-    settings = (ChannelSettings.from_row(row) if row.configured
-                else (yield from _default_flow(schema, dialect, row.queue)))
-    if settings.max_size is not None:
-        size = (yield select(func.count()).select_from(m).where(m.c.channel == name),
-                None).scalar_one()
-        check_size(name, size, adding, settings.max_size)
-    if settings.limited:
-        return None
-    clock = (yield select(k.c.turn).where(k.c.queue == queue), None).scalar()
-    turn = first_turn(row.last_turn, clock)
-    yield update(c).where(c.c.name == name).values(last_turn=turn + adding - 1), None
-    if not settings.ordered:
-        return Turns(turn)
-    # Under the row's lock, so publishes to the channel see each other's messages; a
-    # take of its head committing meanwhile may miss these (see core_fair's HeadMending).
-    window = (yield window_of(schema, literal(name)), None).one()
-    return Turns(turn, ordered=True, room=window_room(window.waiting, bool(window.blocked)))
-
-
-def _default_flow(schema: Schema, dialect: Dialect,
-                  queue: str) -> Generator[Step, Any, ChannelSettings]:
-    """Queue ``queue``'s default for its channels, read under a shared lock."""
-    d = schema.channel_default
-    found = select(d).where(d.c.queue == queue)
-    if dialect.name != "sqlite":
-        found = found.with_for_update(read=True)
-    row = (yield found, None).first()
-    return NO_LIMITS if row is None else ChannelSettings.from_row(row)
 
 
 class ChannelStatements(FairAcquire):
@@ -448,18 +351,18 @@ class ChannelAdmin:
 
         async def write(conn: AsyncConnection) -> int:
             found = 0
-            for _ in range(_MAKE_TRIES):  # the row may be forgotten between the two
+            for _ in range(MAKE_TRIES):  # the row may be forgotten between the two
                 if settings is not None:  # made if need be (a reset makes nothing)
-                    await conn.execute(_INSERT_IGNORE[conn.dialect.name](c, {
-                        "name": name, "queue": queue or "", "created_at": _NOW}))
+                    await conn.execute(room_statements(self.schema, conn.dialect.name).make,
+                                       {"p_name": name, "p_queue": queue or ""})
                 found = (await conn.execute(update(c).where(c.c.name == name)
                                             .values(**values))).rowcount
                 if found or settings is None:
                     break
             else:  # made and forgotten each time: as room_flow, never a silent no
-                raise _vanished(name)
+                raise vanished(name)
             if found:
-                effective = settings or await run_flow(conn, _default_flow(
+                effective = settings or await run_flow(conn, default_flow(
                     self.schema, conn.dialect, (await conn.execute(
                         select(c.c.queue).where(c.c.name == name))).scalar_one()))
                 await rekey(conn, self.schema, [name], effective)
@@ -873,4 +776,4 @@ def _candidates(schema: Schema, dialect: Dialect) -> Any:
 
 
 __all__ = ["CHANNEL_LOOK_INTERVAL", "ChannelAdmin", "ChannelSql", "ChannelStatements",
-           "channel_flow", "effective"]
+           "effective"]

@@ -37,10 +37,11 @@ A key met twice in one batch is sent once; the later messages are its duplicates
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-from sqlalchemy import Table, bindparam, insert, literal, literal_column, select, text
+from sqlalchemy import Float, Table, bindparam, insert, literal, literal_column, select, text
 from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -89,7 +90,9 @@ async def run_flow(conn: AsyncConnection, flow: Generator[Step, Any, T]) -> T:
 
 def pending_values(messages: NewMessage | NewMessages) -> dict[str, Any]:
     """The columns a publish sets alike on all its rows, the schedule and the expiry on the
-    database clock."""
+    database clock, as SQL expressions with the values in them: MySQL 8's multi-row INSERT
+    (no RETURNING) takes each row's values this way. The other inserts use the cached
+    statements of :func:`_insert`, with the values as parameters."""
     when = messages.at if messages.at is not None else db_now_plus(literal(messages.delay))
     values = {"state": State.PENDING.value, "attempts_count": 0, "deliveries_count": 0,
               "created_at": db_now_plus(literal(0.0)), "next_attempt_at": when,
@@ -107,8 +110,66 @@ def expires_at_of(messages: NewMessage | NewMessages) -> Any:
     return messages.expires_at
 
 
+#: An insert's shape (:func:`_shape`): a channel's messages; due after a delay (else at a
+#: moment); expiring after a number of seconds (else at a moment, or never).
+Shape = tuple[bool, bool, bool]
+
+
+def _shape(messages: NewMessages) -> Shape:
+    return (messages.channel is not None, messages.at is None, messages.expires_in is not None)
+
+
+def _shared(messages: NewMessages) -> dict[str, Any]:
+    """The parameters every row of a publish of ``messages`` shares, for the statements of
+    :func:`_insert`: the plain columns' values, and the seconds its SQL expressions add to
+    the database clock."""
+    channel = messages.channel is not None
+    row: dict[str, Any] = {"queue": messages.queue, "state": State.PENDING.value,
+                           "attempts_count": 0, "deliveries_count": 0,
+                           "priority": messages.priority}
+    if messages.at is None:
+        row["p_delay"] = messages.delay
+    else:
+        row["channel_due_at" if channel else "next_attempt_at"] = messages.at
+    if messages.expires_in is None:
+        row["expires_at"] = messages.expires_at
+    else:
+        row["p_expires_in"] = messages.expires_in
+    if channel:
+        row["channel"] = messages.channel
+    return row
+
+
+@functools.lru_cache(maxsize=256)
+def _insert(table: Table, dialect: str, shape: Shape, keyed: bool) -> Any:
+    """The INSERT … RETURNING of one shape of publish, built once: SQLAlchemy builds, and
+    keys for its cache, a statement made anew on every publish, which was most of a Core
+    publish's time (a message to a channel took 5-8 ms, the statements' SQL about 1).
+    The rows' values are parameters (:func:`_shared` and the rows' own); the database's
+    clock, and the seconds added to it, are the SQL expressions. ``keyed``: the
+    deduplicating insert of :func:`_on_conflict`, or, on MySQL and MariaDB, of
+    :func:`_on_duplicate` (which returns nothing)."""
+    channel, delayed, expiring = shape
+    c = table.c
+    values: dict[str, Any] = {"created_at": db_now_plus(literal(0.0))}
+    if delayed:
+        due = db_now_plus(bindparam("p_delay", type_=Float()))
+        values["channel_due_at" if channel else "next_attempt_at"] = due
+    if expiring:
+        values["expires_at"] = db_now_plus(bindparam("p_expires_in", type_=Float()))
+    if not keyed:
+        return insert(table).values(**values).returning(c.id)
+    if dialect in ("mysql", "mariadb"):
+        return (mysql_dialect.insert(table).values(**values)
+                .on_duplicate_key_update(id=literal_column(_NOTE_DUPLICATE)))
+    return (_CONFLICT_INSERTS[dialect](table).values(**values)
+            .on_conflict_do_nothing(index_elements=[c.queue, c.dedup_key],
+                                    index_where=c.dedup_key.isnot(None))
+            .returning(c.dedup_key, c.id))
+
+
 def publish_flow(table: Table, dialect: Dialect, messages: NewMessages,
-                 wake: Executable | None = None, turns: Turns | None = None) -> Flow:
+                 wake: Step | None = None, turns: Turns | None = None) -> Flow:
     """Insert ``messages`` (ids in order); ``wake``, if any, runs once something is
     written (PostgreSQL's NOTIFY). ``turns``: a channel's messages' turns (see
     :mod:`sqlmq.channels`)."""
@@ -119,30 +180,32 @@ def publish_flow(table: Table, dialect: Dialect, messages: NewMessages,
     else:
         ids = yield from _keyed(table, dialect, messages, keys)
     if wake is not None and not all(getattr(i, "duplicate", False) for i in ids):
-        yield wake, None
+        yield wake
     return ids
 
 
 def _plain(table: Table, dialect: Dialect, messages: NewMessages,
            keys: list[int] | None = None) -> Flow:
-    """Where the database returns ids (PostgreSQL, SQLite, MariaDB), one statement with
-    the per-row values as parameters: SQLAlchemy sends it as multi-row INSERT … RETURNING
-    batches without compiling a statement per batch. MySQL 8 has no RETURNING: one
-    multi-row INSERT per chunk, whose ids are consecutive."""
-    values = pending_values(messages)
+    """Where the database returns ids (PostgreSQL, SQLite, MariaDB), one cached statement
+    (:func:`_insert`) with the per-row values as parameters: SQLAlchemy sends it as
+    multi-row INSERT … RETURNING batches without compiling a statement per batch. MySQL 8
+    has no RETURNING: one multi-row INSERT per chunk, whose ids are consecutive."""
     ids: list[int] = []
+    returning = dialect.insert_returning
+    statement = _insert(table, dialect.name, _shape(messages), False) if returning else None
+    shared = _shared(messages) if returning else pending_values(messages)
     for i in range(0, len(messages), CHUNK):
         c = messages[i : i + CHUNK]
-        rows = [{"queue": c.queue, "headers": h, "payload": p}
+        rows = [{**shared, "headers": h, "payload": p}
                 for p, h in zip(c.payloads, c.headers, strict=True)]
         if keys is not None:
             for row, key in zip(rows, keys[i : i + CHUNK], strict=True):
                 row["fair_key"] = key
-        if dialect.insert_returning:
-            result = yield insert(table).values(**values).returning(table.c.id), rows
+        if statement is not None:
+            result = yield statement, rows
             ids += sorted(r[0] for r in result)
         else:
-            result = yield insert(table).values([{**r, **values} for r in rows]), None
+            result = yield insert(table).values([{"queue": c.queue, **r} for r in rows]), None
             ids += range(result.lastrowid, result.lastrowid + len(rows))
     return ids
 
@@ -165,7 +228,7 @@ def _keyed(table: Table, dialect: Dialect, messages: NewMessages,
     # in key order: two batches sharing keys lock them in the same order, never crosswise
     first = dict(sorted(first.items()))
     if dialect.name in ("mysql", "mariadb"):
-        held = yield from _on_duplicate(table, messages, first, fair_keys)
+        held = yield from _on_duplicate(table, dialect.name, messages, first, fair_keys)
     else:
         held = yield from _on_conflict(table, dialect, messages, first, fair_keys)
     for i, k in enumerate(keys):
@@ -177,19 +240,21 @@ def _keyed(table: Table, dialect: Dialect, messages: NewMessages,
 
 def _keyed_rows(messages: NewMessages, first: dict[str, int],
                 fair_keys: list[int] | None) -> list[dict[str, Any]]:
-    rows = [{"queue": messages.queue, "headers": messages.headers[i],
-             "payload": messages.payloads[i], "dedup_key": k} for k, i in first.items()]
+    shared = _shared(messages)
+    rows = [{**shared, "headers": messages.headers[i], "payload": messages.payloads[i],
+             "dedup_key": k} for k, i in first.items()]
     if fair_keys is not None:
         for row, i in zip(rows, first.values(), strict=True):
             row["fair_key"] = fair_keys[i]
     return rows
 
 
-def _holders(table: Table, queue: str) -> Executable:
-    """``(dedup_key, id)`` of the rows holding the keys ``keys`` in ``queue``."""
+@functools.lru_cache(maxsize=64)
+def _holders(table: Table) -> Executable:
+    """``(dedup_key, id)`` of the rows holding the keys ``keys`` in queue ``p_queue``."""
     c = table.c
     return select(c.dedup_key, c.id).where(
-        c.queue == queue, c.dedup_key.in_(bindparam("keys", expanding=True)))
+        c.queue == bindparam("p_queue"), c.dedup_key.in_(bindparam("keys", expanding=True)))
 
 
 _CONFLICT_INSERTS: dict[str, Callable[[Table], Any]] = {
@@ -199,11 +264,7 @@ _CONFLICT_INSERTS: dict[str, Callable[[Table], Any]] = {
 def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
                  first: dict[str, int], fair_keys: list[int] | None,
                  ) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
-    c = table.c
-    statement = (_CONFLICT_INSERTS[dialect.name](table).values(**pending_values(messages))
-                 .on_conflict_do_nothing(index_elements=[c.queue, c.dedup_key],
-                                         index_where=c.dedup_key.isnot(None))
-                 .returning(c.dedup_key, c.id))
+    statement = _insert(table, dialect.name, _shape(messages), True)
     held: dict[str, tuple[int, bool]] = {}
     todo = dict(first)
     for _ in range(KEYED_TRIES):
@@ -213,8 +274,8 @@ def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
             held.update((k, (msg_id, False)) for k, msg_id in result)
         missing = [k for k in todo if k not in held]
         for start in range(0, len(missing), CHUNK):
-            result = yield (_holders(table, messages.queue),
-                            {"keys": missing[start : start + CHUNK]})
+            result = yield (_holders(table), {"p_queue": messages.queue,
+                                              "keys": missing[start : start + CHUNK]})
             held.update((k, (msg_id, True)) for k, msg_id in result)
         todo = {k: todo[k] for k in missing if k not in held}
         if not todo:
@@ -224,7 +285,7 @@ def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
                        f"for them ({KEYED_TRIES} tries); nothing of theirs was written")
 
 
-def _on_duplicate(table: Table, messages: NewMessages, first: dict[str, int],
+def _on_duplicate(table: Table, dialect: str, messages: NewMessages, first: dict[str, int],
                   fair_keys: list[int] | None,
                   ) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
     """A row at a time: its id, its own or the holder's, read from LAST_INSERT_ID (which
@@ -233,8 +294,7 @@ def _on_duplicate(table: Table, messages: NewMessages, first: dict[str, int],
     processes publishing the same keys it now and then returned no row for a key and left
     no row holding it either (``tests/test_dedup.py``, about one run in three); a row at a
     time has not (and is MySQL 8's way anyway: it has no RETURNING)."""
-    statement = (mysql_dialect.insert(table).values(**pending_values(messages))
-                 .on_duplicate_key_update(id=literal_column(_NOTE_DUPLICATE)))
+    statement = _insert(table, dialect, _shape(messages), True)
     held: dict[str, tuple[int, bool]] = {}
     for row in _keyed_rows(messages, first, fair_keys):
         yield _RESET_DUPLICATES, None

@@ -18,13 +18,12 @@ from typing import Any
 from sqlalchemy import delete, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql import Executable
 
 from ..records import NewMessages
 from ..schedules import Cadence, Schedule, ScheduleInfo
 from ..schema import Schema
 from ..sqltime import db_now_plus
-from .core_publish import publish_flow, run_flow
+from .core_publish import Step, publish_flow, run_flow
 
 #: How long the record of a published tick is kept. ``last_tick_at`` alone keeps a tick
 #: from being published twice; the rows are the unique key's second guard and an audit.
@@ -39,7 +38,7 @@ class ScheduleRegistry:
 
     db: AsyncEngine
     schema: Schema
-    _wake_statement: Callable[[NewMessages], Executable | None]
+    _wake_statement: Callable[[NewMessages], Step | None]
 
     async def register_schedule(self, schedule: Schedule) -> ScheduleInfo:
         for _ in range(2):  # a second time if another process inserted it meanwhile

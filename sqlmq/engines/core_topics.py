@@ -22,20 +22,19 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
-from sqlalchemy.sql import Executable
 
 from ..records import NewMessages
 from ..schema import Schema
 from ..sqltime import db_now_plus
 from ..topics import TopicGroup, group_queue, queues_for
-from .core_publish import Flow, publish_flow
+from .core_publish import Flow, Step, publish_flow
 
 #: The ids of a topic publish: per queue of a group that received it, the copies' ids.
 Fanout = dict[str, list[int]]
 
 
 def topic_flow(schema: Schema, dialect: Dialect, topic: str, messages: NewMessages,
-               wake: Callable[[NewMessages], Executable | None]) -> Flow:
+               wake: Callable[[NewMessages], Step | None]) -> Flow:
     """Read the groups (locked against deletion until the commit), then publish
     ``messages`` into the queue of each group whose pattern matches ``topic``."""
     g = schema.topic_group
@@ -55,7 +54,7 @@ class TopicGroups:
     schema: Schema
     _run_core: Callable[..., Any]
     _run_core_sync: Callable[..., Any]
-    _wake_statement: Callable[[NewMessages], Executable | None]
+    _wake_statement: Callable[[NewMessages], Step | None]
 
     async def publish_topic(self, topic: str, messages: NewMessages,
                             executor: AsyncConnection | AsyncSession | None = None) -> Fanout:

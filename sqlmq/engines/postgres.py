@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import func, literal, literal_column, select
+from sqlalchemy import bindparam, func, literal, literal_column, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -31,6 +31,7 @@ from ..lifecycle import Outcome
 from ..records import Delivery, NewMessages, Settlement
 from .base import ArchiveAndStatsMixin, SqlEngine
 from .contract import DeadLetterSource, WakeSource
+from .core_publish import Step
 from .kept_connections import discard, driver_connection
 from .paramstyles import DriverStatement, for_paramstyle
 from .pg_errors import connection_lost, deadlock_detected, from_driver, never_sent
@@ -56,6 +57,8 @@ _PLANNED = "sqlmq_index_plans"  # the key in a connection's info while INDEX_PLA
 #: the first try fails on a kept connection and hands the others back to the pool
 #: (KeptConnections._discard), whose pre-ping replaces the dead ones for the next.
 _SEND_TRIES = 4
+#: A Core publish's NOTIFY (see _wake_statement).
+_NOTIFY = select(func.pg_notify(bindparam("p_channel"), bindparam("p_queue")))
 
 T = TypeVar("T")
 log = logging.getLogger("sqlmq")
@@ -324,10 +327,10 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
     def _deadlock(self, exc: BaseException) -> bool:
         return deadlock_detected(exc)
 
-    def _wake_statement(self, messages: NewMessages) -> Executable | None:
+    def _wake_statement(self, messages: NewMessages) -> Step | None:
         """The NOTIFY the INSERT statements send, for a publish through Core: it too is
-        delivered at the commit, once the rows are visible."""
-        return select(func.pg_notify(self.channel, messages.queue))
+        delivered at the commit, once the rows are visible. One statement, built once."""
+        return _NOTIFY, {"p_channel": self.channel, "p_queue": messages.queue}
 
     def _queue_wake_statement(self, queue: str) -> Executable | None:
         """A resume notifies as a publish does: listeners in every process look at the

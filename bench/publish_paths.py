@@ -1,0 +1,112 @@
+"""What a single publish costs by the way it is made, in milliseconds (median per publish,
+awaited one after another; each case on fresh tables):
+
+* ``own``: ``broker.publish(queue, body)``, sqlmq's own transaction (the engines' fast
+  path, one statement);
+* ``caller's transaction``: the same inside ``async with broker.db.begin()`` (the outbox:
+  the BEGIN and COMMIT are in the figure);
+* ``dedup key``: a new key each publish;
+* ``channel``: to one of 100 channels without limits; ``channel, caller's transaction``
+  the same inside the caller's transaction;
+* ``ordered channel`` and ``limited channel``: the queue's channel default ``ordered=True``,
+  then ``max_concurrency=2``.
+
+All but the first go through SQLAlchemy Core (``sqlmq.engines.core_publish`` and
+``core_room``), where the Python side of a publish, not its SQL, was most of the time.
+PGQueuer's single enqueue is in ``bench.run publish``.
+
+    .venv/bin/python -m bench.publish_paths [--db all] [--count 400] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+from sqlmq import Broker
+
+from .common import DATABASES, PAYLOAD, QUEUE, bench_broker, table
+from .run import conditions
+
+Publish = Callable[[Broker, int], Awaitable[object]]
+
+
+async def _own(broker: Broker, i: int) -> object:
+    return await broker.publish(QUEUE, PAYLOAD)
+
+
+async def _outbox(broker: Broker, i: int) -> object:
+    async with broker.db.begin() as conn:
+        return await broker.publish(QUEUE, PAYLOAD, connection=conn)
+
+
+async def _dedup(broker: Broker, i: int) -> object:
+    return await broker.publish(QUEUE, PAYLOAD, dedup_key=f"k{i}")
+
+
+async def _channel(broker: Broker, i: int) -> object:
+    return await broker.publish(QUEUE, PAYLOAD, channel=f"c{i % 100}")
+
+
+async def _channel_outbox(broker: Broker, i: int) -> object:
+    async with broker.db.begin() as conn:
+        return await broker.publish(QUEUE, PAYLOAD, channel=f"c{i % 100}", connection=conn)
+
+
+#: (case, the queue's channel default, the publish)
+CASES: list[tuple[str, dict[str, object], Publish]] = [
+    ("own", {}, _own),
+    ("caller's transaction", {}, _outbox),
+    ("dedup key", {}, _dedup),
+    ("channel", {}, _channel),
+    ("channel, caller's transaction", {}, _channel_outbox),
+    ("ordered channel", {"ordered": True}, _channel),
+    ("limited channel", {"max_concurrency": 2}, _channel),
+]
+
+
+async def per_publish(db: str, default: dict[str, object], publish: Publish,
+                      count: int) -> float:
+    """Median milliseconds of ``count`` publishes, after 20 unclocked ones (connections,
+    prepared statements, SQLAlchemy's compiled cache)."""
+    async with bench_broker(db) as broker:
+        if default:
+            await broker.set_channel_default(QUEUE, **default)  # type: ignore[arg-type]
+        for i in range(20):
+            await publish(broker, -1 - i)
+        times = []
+        for i in range(count):
+            start = time.perf_counter()
+            await publish(broker, i)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1000
+
+
+async def main(args: argparse.Namespace) -> None:
+    dbs = DATABASES if args.db == "all" else (args.db,)
+    results: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for db in dbs:
+            for name, default, publish in CASES:
+                results.setdefault((db, name), []).append(
+                    await per_publish(db, default, publish, args.count))
+    rows = [(db, name, f"{statistics.median(v):.2f}",
+             f"{statistics.median(v) / statistics.median(results[db, 'own']):.1f}")
+            for (db, name), v in results.items()]
+    print(table(f"A single publish by the way it is made, ms (median per publish of "
+                f"{args.count}, median of {args.rounds} rounds)",
+                ["database", "publish", "ms", "vs own"], rows))
+    print(f"\n{conditions()}")
+    print(f"reproduce: .venv/bin/python -m bench.publish_paths --db {args.db} "
+          f"--count {args.count} --rounds {args.rounds}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
+    p.add_argument("--count", type=int, default=400)
+    p.add_argument("--rounds", type=int, default=3)
+    asyncio.run(main(p.parse_args()))
