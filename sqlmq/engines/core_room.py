@@ -67,13 +67,20 @@ def make_channel(dialect: str, channel: Any) -> Any:
 @dataclass(frozen=True)
 class RoomStatements:
     """The statements of :func:`room_flow` for one schema and database; parameters
-    ``p_name`` (the channel), ``p_queue`` (its queue) and ``p_turn``."""
+    ``p_name`` (the channel), ``p_queue`` (the publish's queue) and ``p_turn``."""
 
     make: Any
-    found: Any  # the row, locked (SQLite's write transaction holds it already)
+    #: Whether a publish makes the row before it reads it (below) rather than only when
+    #: the read finds none, a statement more: on MySQL and MariaDB, whose locking read of
+    #: a missing row takes a gap lock at REPEATABLE READ, so two publishers to a new
+    #: channel would each wait for the other's insert.
+    make_first: bool
+    #: The row, locked (SQLite's write transaction holds it already), with its queue's
+    #: clock read beside it, unlocked: a locking read does not lock what its subqueries
+    #: read, on any of the three databases.
+    found: Any
     default: Any  # the queue's default, under a shared lock
     size: Any
-    clock: Any
     advance: Any  # the channel's last turn
     window: Any
 
@@ -82,15 +89,16 @@ class RoomStatements:
 def room_statements(schema: Schema, dialect: str) -> RoomStatements:
     c, d, m, k = schema.channel, schema.channel_default, schema.message, schema.channel_clock
     name, queue = bindparam("p_name"), bindparam("p_queue")
+    clock = select(k.c.turn).where(k.c.queue == queue).scalar_subquery()
     found = select(c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered, c.c.max_size,
-                   c.c.queue, c.c.last_turn).where(c.c.name == name)
+                   c.c.queue, c.c.last_turn, clock.label("clock")).where(c.c.name == name)
     default = select(d).where(d.c.queue == queue)
     if dialect != "sqlite":
         found, default = found.with_for_update(), default.with_for_update(read=True)
     return RoomStatements(
-        make=make_channel(dialect, c), found=found, default=default,
+        make=make_channel(dialect, c), make_first=dialect in ("mysql", "mariadb"),
+        found=found, default=default,
         size=select(func.count()).select_from(m).where(m.c.channel == name),
-        clock=select(k.c.turn).where(k.c.queue == queue),
         advance=update(c).where(c.c.name == name).values(
             last_turn=bindparam("p_turn", type_=Integer())),
         window=window_of(schema, name))
@@ -115,17 +123,18 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
     :class:`~sqlmq.errors.ChannelFull` if they would exceed its ``max_size``: a publish's
     and a requeue's check. Else, for a channel without limits, give them their turns
     (:func:`sqlmq.channels.first_turn`; None: a channel with limits, whose messages get
-    no ``fair_key``). The queue's clock is read apart, without a lock:
-    a stale one only places a channel that had nothing waiting a little early in the
-    round. The queue's default is read under a shared lock, so that a change of it waits
-    for this publish and then sees its rows (:meth:`ChannelAdmin.set_channel_default`)."""
+    no ``fair_key``). The queue's clock is read without a lock: a stale one only places a
+    channel that had nothing waiting a little early in the round. The queue's default is
+    read under a shared lock, so that a change of it waits for this publish and then sees
+    its rows (:meth:`ChannelAdmin.set_channel_default`)."""
     sql = room_statements(schema, dialect.name)
     params = {"p_name": name, "p_queue": queue}
-    row = None
-    for _ in range(MAKE_TRIES):  # the row may be forgotten between the two
+    row = None if sql.make_first else (yield sql.found, params).one_or_none()
+    tries = 0
+    while row is None and tries < MAKE_TRIES:  # it may be forgotten between the two
         yield sql.make, params
-        if (row := (yield sql.found, params).one_or_none()) is not None:
-            break
+        row = (yield sql.found, params).one_or_none()
+        tries += 1
     if row is None:
         raise vanished(name)
     settings = (ChannelSettings.from_row(row) if row.configured
@@ -135,8 +144,7 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
         check_size(name, size, adding, settings.max_size)
     if settings.limited:
         return None
-    clock = (yield sql.clock, params).scalar()
-    turn = first_turn(row.last_turn, clock)
+    turn = first_turn(row.last_turn, row.clock)
     yield sql.advance, {**params, "p_turn": turn + adding - 1}
     if not settings.ordered:
         return Turns(turn)

@@ -13,11 +13,12 @@ after it was created; the history of other groups is not replayed into it).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import delete, insert, literal, select
+from sqlalchemy import Table, delete, insert, literal, select
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -37,14 +38,19 @@ def topic_flow(schema: Schema, dialect: Dialect, topic: str, messages: NewMessag
                wake: Callable[[NewMessages], Step | None]) -> Flow:
     """Read the groups (locked against deletion until the commit), then publish
     ``messages`` into the queue of each group whose pattern matches ``topic``."""
-    g = schema.topic_group
-    found = yield select(g.c.pattern, g.c.queue).with_for_update(read=True,
-                                                                 key_share=True), None
+    found = yield _groups(schema.topic_group), None
     fanout: Fanout = {}
     for queue in queues_for(topic, [(r.pattern, r.queue) for r in found.all()]):
         copies = replace(messages, queue=queue)
         fanout[queue] = yield from publish_flow(schema.message, dialect, copies, wake(copies))
     return fanout  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=64)
+def _groups(g: Table) -> Any:
+    """Every group's pattern and queue, locked against deletion: built once (see
+    :func:`.core_publish._insert`)."""
+    return select(g.c.pattern, g.c.queue).with_for_update(read=True, key_share=True)
 
 
 class TopicGroups:
