@@ -76,6 +76,9 @@ class ScriptedEngine:
     async def landed(self, batch: Sequence[Settlement]) -> set[int]:
         return {s.id for s in batch if s.id in self.written}
 
+    def deadlock_victim(self, exc: BaseException) -> bool:
+        return False
+
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
         self.extends.append(list(leases))
         return {i for i, _ in leases if i not in self.stale}

@@ -223,6 +223,9 @@ class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, Cont
         SQLAlchemy wrapped it, or as the driver raised it)."""
         return False
 
+    def deadlock_victim(self, exc: BaseException) -> bool:
+        return self._deadlock(exc)
+
     def _wake_statement(self, messages: NewMessages) -> Step | None:
         """What a Core publish runs to wake consumers in other processes (PostgreSQL's
         NOTIFY); None where they notice commits by themselves."""

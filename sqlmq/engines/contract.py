@@ -232,6 +232,12 @@ class Engine(OperationsContract, Protocol):
         exactly that delivery (a settle whose reply was lost may have committed)."""
         ...
 
+    def deadlock_victim(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by one of this engine's calls, says the database rolled
+        that call's transaction back to break a deadlock: it wrote nothing, and made again
+        it is the same call (unlike a lost connection, which leaves a commit in doubt)."""
+        ...
+
     def commit_counter(self) -> Callable[[], int | None] | None:
         """A cheap reading that changes whenever any process commits a write, or None
         where the database offers no such thing."""

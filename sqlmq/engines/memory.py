@@ -657,6 +657,9 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
     def commit_counter(self) -> Callable[[], int | None] | None:
         return self._read_writes
 
+    def deadlock_victim(self, exc: BaseException) -> bool:
+        return False  # one lock, taken alone: nothing to deadlock on
+
     def _read_writes(self) -> int:
         return self._writes
 

@@ -28,6 +28,9 @@ log = logging.getLogger("sqlmq")
 #: Consecutive failed flushes, with the database answering, after which the batch is split
 #: to find a result it refuses.
 ISOLATE_AFTER = 3
+#: Times in a row a batch is written again at once when the database chooses its settle
+#: as a deadlock's victim, before the flush backs off as after any other failure.
+VICTIM_TRIES = 3
 
 
 class Flusher:
@@ -130,11 +133,19 @@ class Flusher:
             await self.flush_once()
 
     async def _flush_locked(self) -> None:
+        victim = 0
         while self.results:
             batch = _one_per_message(self.results, self.cfg.flush_batch)
             try:
                 applied, started = await self._settle(batch, passing=not self.stopping)
             except Exception as exc:
+                if victim + 1 < VICTIM_TRIES and self.engine.deadlock_victim(exc):
+                    # Rolled back whole: nothing was written, and nothing gained by waiting
+                    # (MariaDB's settles of overlapping channels meet now and then).
+                    victim += 1
+                    log.info("a flush of %d results was a deadlock's victim; writing it "
+                             "again (%d of %d)", len(batch), victim + 1, VICTIM_TRIES)
+                    continue
                 if (self._backoff.failures + 1 >= ISOLATE_AFTER
                         and await self._database_answers()):
                     # The database is up, yet this batch keeps failing: one result in it
@@ -145,6 +156,7 @@ class Flusher:
                 await self._backoff.failed(exc)
                 return
             self._backoff.succeeded()
+            victim = 0
             self._applied(batch, applied, passed=len(started))
             if started:
                 assert self.passing is not None
