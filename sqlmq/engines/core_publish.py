@@ -142,9 +142,9 @@ def _shared(messages: NewMessages) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=256)
 def _insert(table: Table, dialect: str, shape: Shape, keyed: bool) -> Any:
-    """The INSERT … RETURNING of one shape of publish, built once: SQLAlchemy builds, and
-    keys for its cache, a statement made anew on every publish, which was most of a Core
-    publish's time (a message to a channel took 5-8 ms, the statements' SQL about 1).
+    """The INSERT … RETURNING of one shape of publish, built once: a statement made anew on
+    every publish is made, and keyed for SQLAlchemy's cache, anew each time, which was
+    most of a Core publish's time (see ``bench.publish_paths``).
     The rows' values are parameters (:func:`_shared` and the rows' own); the database's
     clock, and the seconds added to it, are the SQL expressions. ``keyed``: the
     deduplicating insert of :func:`_on_conflict`, or, on MySQL and MariaDB, of

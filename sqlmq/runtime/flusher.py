@@ -140,14 +140,13 @@ class Flusher:
                 applied, started = await self._settle(batch, passing=not self.stopping)
             except Exception as exc:
                 if victim + 1 < VICTIM_TRIES and self.engine.deadlock_victim(exc):
-                    # Rolled back whole: nothing was written, and nothing gained by waiting
-                    # (MariaDB's settles of overlapping channels meet now and then).
+                    # Rolled back whole: nothing was written, and waiting gains nothing.
                     victim += 1
                     log.info("a flush of %d results was a deadlock's victim; writing it "
                              "again (%d of %d)", len(batch), victim + 1, VICTIM_TRIES)
                     continue
                 if (self._backoff.failures + 1 >= ISOLATE_AFTER
-                        and await self._database_answers()):
+                        and await _answers(self.engine)):
                     # The database is up, yet this batch keeps failing: one result in it
                     # cannot be written. Find it rather than stop the worker for good.
                     if await self._settle_apart(batch):
@@ -235,13 +234,6 @@ class Flusher:
         self._flushed.set()
         self._room()
 
-    async def _database_answers(self) -> bool:
-        try:
-            await self.engine.now()
-        except Exception:
-            return False
-        return True
-
     async def _settle_apart(self, batch: list[Settlement]) -> bool:
         """Find the one result the database refuses: settle the halves and follow the half
         that fails. When both halves fail, the database is refusing everything (a missing
@@ -267,7 +259,7 @@ class Flusher:
         try:  # it failed beside one that did not; a lock timeout deserves a second try
             applied, _ = await self._settle(batch)
         except Exception as exc:
-            if await self._database_answers():
+            if await _answers(self.engine):
                 self._give_up(batch[0], exc)
         else:
             self._applied(batch, applied)
@@ -286,6 +278,16 @@ class Flusher:
                   s.outcome.name.lower(), describe(exc))
         self._flushed.set()
         self._room()
+
+
+async def _answers(engine: Engine) -> bool:
+    """Whether the database answers at all (a batch failing while it does holds a result it
+    refuses)."""
+    try:
+        await engine.now()
+    except Exception:
+        return False
+    return True
 
 
 def _ready_again(s: Settlement) -> bool:
