@@ -9,7 +9,10 @@ awaited one after another; each case on fresh tables):
 * ``channel``: to one of 100 channels without limits; ``channel, caller's transaction``
   the same inside the caller's transaction;
 * ``ordered channel`` and ``limited channel``: the queue's channel default ``ordered=True``,
-  then ``max_concurrency=2``.
+  then ``max_concurrency=2``;
+* ``max_size channel, 20,000 waiting``: to one channel with ``max_size=1,000,000`` that
+  holds 20,000 messages (a publish checks the size against the channel's size bound, and
+  counts the channel's messages only when it may not fit).
 
 All but the first go through SQLAlchemy Core (``sqlmq.engines.core_publish`` and
 ``core_room``), where the Python side of a publish, not its SQL, was most of the time.
@@ -56,25 +59,47 @@ async def _channel_outbox(broker: Broker, i: int) -> object:
         return await broker.publish(QUEUE, PAYLOAD, channel=f"c{i % 100}", connection=conn)
 
 
-#: (case, the queue's channel default, the publish)
-CASES: list[tuple[str, dict[str, object], Publish]] = [
-    ("own", {}, _own),
-    ("caller's transaction", {}, _outbox),
-    ("dedup key", {}, _dedup),
-    ("channel", {}, _channel),
-    ("channel, caller's transaction", {}, _channel_outbox),
-    ("ordered channel", {"ordered": True}, _channel),
-    ("limited channel", {"max_concurrency": 2}, _channel),
+async def _to_full_channel(broker: Broker, i: int) -> object:
+    return await broker.publish(QUEUE, PAYLOAD, channel="sized")
+
+
+async def _no_setup(broker: Broker) -> None:
+    pass
+
+
+def _default(**settings: object) -> Callable[[Broker], Awaitable[None]]:
+    async def setup(broker: Broker) -> None:
+        await broker.set_channel_default(QUEUE, **settings)  # type: ignore[arg-type]
+    return setup
+
+
+async def _sized_backlog(broker: Broker) -> None:
+    await broker.set_channel("sized", max_size=1_000_000, queue=QUEUE)
+    for _ in range(BACKLOG // 5000):
+        await broker.publish_batch(QUEUE, [PAYLOAD] * 5000, channel="sized")
+
+
+#: Messages waiting in the ``max_size`` case's channel.
+BACKLOG = 20_000
+#: (case, what runs before it, the publish)
+CASES: list[tuple[str, Callable[[Broker], Awaitable[None]], Publish]] = [
+    ("own", _no_setup, _own),
+    ("caller's transaction", _no_setup, _outbox),
+    ("dedup key", _no_setup, _dedup),
+    ("channel", _no_setup, _channel),
+    ("channel, caller's transaction", _no_setup, _channel_outbox),
+    ("ordered channel", _default(ordered=True), _channel),
+    ("limited channel", _default(max_concurrency=2), _channel),
+    (f"max_size channel, {BACKLOG:,} waiting", _sized_backlog, _to_full_channel),
 ]
 
 
-async def per_publish(db: str, default: dict[str, object], publish: Publish,
-                      count: int) -> float:
+async def per_publish(db: str, setup: Callable[[Broker], Awaitable[None]],
+                      publish: Publish, count: int) -> float:
     """Median milliseconds of ``count`` publishes, after 20 unclocked ones (connections,
     prepared statements, SQLAlchemy's compiled cache)."""
     async with bench_broker(db) as broker:
-        if default:
-            await broker.set_channel_default(QUEUE, **default)  # type: ignore[arg-type]
+        await setup(broker)
         for i in range(20):
             await publish(broker, -1 - i)
         times = []
@@ -90,9 +115,9 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for db in dbs:
-            for name, default, publish in CASES:
+            for name, setup, publish in CASES:
                 results.setdefault((db, name), []).append(
-                    await per_publish(db, default, publish, args.count))
+                    await per_publish(db, setup, publish, args.count))
     rows = [(db, name, f"{statistics.median(v):.2f}",
              f"{statistics.median(v) / statistics.median(results[db, 'own']):.1f}")
             for (db, name), v in results.items()]

@@ -257,6 +257,15 @@ def _v15(conn: Connection, schema: Schema) -> None:
     _create_missing(conn, schema, channel_due_index_of(schema))
 
 
+def _v16(conn: Connection, schema: Schema) -> None:
+    """The channel table's ``size_bound`` (NULL: unknown, so the next publish under a
+    ``max_size`` counts, as every publish did before): a publish checks ``max_size``
+    against it without counting the channel's messages while they fit."""
+    c = schema.channel
+    if "size_bound" not in {col["name"] for col in inspect(conn).get_columns(c.name)}:
+        conn.execute(AddColumn(c.c.size_bound))
+
+
 def _create_missing(conn: Connection, schema: Schema, *indexes: Index) -> None:
     """Create those of the message table's ``indexes`` it does not have yet (a migration
     looks before it acts, as version 3)."""
@@ -282,7 +291,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
-    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15}
+    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

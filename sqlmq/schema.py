@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -462,8 +462,10 @@ def _channel_tables(prefix: str, md: MetaData) -> tuple[Table, Table, Table]:
     channels one acquire served share its time, and ``served_rank`` keeps the order it served
     them in, so that the next acquire does not favour the first names) and when
     its rate lets it start next, and the last turn its messages were given
-    (``last_turn``, schema version 13). Its publishes, and the acquires of a channel with
-    limits, lock the row, so they take turns per channel.
+    (``last_turn``, schema version 13), and an upper bound of how many messages it holds
+    (``size_bound``, schema version 16, kept while it has a ``max_size``). Its publishes,
+    and the acquires of a channel with limits, lock the row, so they take turns per
+    channel.
     ``channel_default``: a queue's settings for its channels without their own.
     ``channel_clock``: per queue, the turn its channels are being served at, which a channel
     that had no waiting message joins (schema version 13; see
@@ -480,6 +482,9 @@ def _channel_tables(prefix: str, md: MetaData) -> tuple[Table, Table, Table]:
         Column("served_rank", Integer),
         Column("next_start_at", UTCDateTime()),
         Column("last_turn", BigInteger, nullable=False, server_default=text("0")),
+        # schema version 16: at least how many messages the channel holds (NULL: unknown),
+        # so that a publish checks max_size without counting them (see core_room).
+        Column("size_bound", BigInteger),
     )
     default = Table(
         f"{prefix}channel_default",

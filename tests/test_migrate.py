@@ -168,7 +168,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 16
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -275,7 +275,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 15
+        assert await broker.migrate() == SCHEMA_VERSION == 16
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -312,7 +312,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 16
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -358,7 +358,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 16
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -397,7 +397,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 15
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 16
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -446,7 +446,7 @@ async def test_version_14_brings_ordered_channels_into_the_fair_order(
                                .where(broker.schema.version.c.version >= 14))
         with pytest.raises(SchemaError, match="version 13"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 15
+        assert await broker.migrate() == SCHEMA_VERSION == 16
         await broker.check_schema()
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([by_default[0], free[0], free[1]])
@@ -482,16 +482,48 @@ async def test_version_15_gives_every_database_the_limited_channels_pick_index(
         async with broker.db.begin() as conn:
             await conn.execute(text(_drop_index(db_url, name, m.name)))
             await conn.execute(broker.schema.version.delete()
-                               .where(broker.schema.version.c.version == 15))
+                               .where(broker.schema.version.c.version >= 15))
         with pytest.raises(SchemaError, match="version 14"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 15
+        assert await broker.migrate() == SCHEMA_VERSION == 16
         async with broker.db.connect() as conn:
             names = await conn.run_sync(
                 lambda c: {ix["name"] for ix in inspect(c).get_indexes(m.name)})
         assert name in names
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([high, low[0], other])
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_16_adds_the_channels_size_bound_to_a_version_15_schema(
+        db_url: str, prefix: str) -> None:
+    """A version-15 schema has no ``size_bound``: after the migration the column is there
+    (NULL for the channels it had), and a channel's ``max_size`` still counts what it
+    held before."""
+    from sqlalchemy import text
+
+    from sqlmq import ChannelFull
+
+    broker = Broker(db_url, table_prefix=prefix)
+    c = broker.schema.channel
+    try:
+        await broker.migrate()
+        await broker.set_channel("c", max_size=3, queue="q")
+        await broker.publish_batch("q", [b"a", b"b"], channel="c")
+        async with broker.db.begin() as conn:
+            await conn.execute(text(f"ALTER TABLE {c.name} DROP COLUMN size_bound"))
+            await conn.execute(broker.schema.version.delete()
+                               .where(broker.schema.version.c.version == 16))
+        with pytest.raises(SchemaError, match="version 15"):
+            await broker.check_schema()
+        assert await broker.migrate() == SCHEMA_VERSION == 16
+        async with broker.db.connect() as conn:
+            assert (await conn.execute(select(c.c.size_bound))).scalars().all() == [None]
+        await broker.publish("q", b"c", channel="c")
+        with pytest.raises(ChannelFull, match="'c' holds 3 messages"):
+            await broker.publish("q", b"d", channel="c")
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, func, literal, select, update
+from sqlalchemy import BigInteger, Integer, bindparam, func, literal, select, update
 from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -67,7 +67,8 @@ def make_channel(dialect: str, channel: Any) -> Any:
 @dataclass(frozen=True)
 class RoomStatements:
     """The statements of :func:`room_flow` for one schema and database; parameters
-    ``p_name`` (the channel), ``p_queue`` (the publish's queue) and ``p_turn``."""
+    ``p_name`` (the channel), ``p_queue`` (the publish's queue), ``p_turn`` and
+    ``p_bound``."""
 
     make: Any
     #: Whether a publish makes the row before it reads it (below) rather than only when
@@ -81,7 +82,8 @@ class RoomStatements:
     found: Any
     default: Any  # the queue's default, under a shared lock
     size: Any
-    advance: Any  # the channel's last turn
+    advance: Any  # the channel's last turn and size bound
+    bound: Any  # the size bound alone (a channel with limits has no turns)
     window: Any
 
 
@@ -89,9 +91,11 @@ class RoomStatements:
 def room_statements(schema: Schema, dialect: str) -> RoomStatements:
     c, d, m, k = schema.channel, schema.channel_default, schema.message, schema.channel_clock
     name, queue = bindparam("p_name"), bindparam("p_queue")
+    bound = bindparam("p_bound", type_=BigInteger())
     clock = select(k.c.turn).where(k.c.queue == queue).scalar_subquery()
     found = select(c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered, c.c.max_size,
-                   c.c.queue, c.c.last_turn, clock.label("clock")).where(c.c.name == name)
+                   c.c.queue, c.c.last_turn, c.c.size_bound, clock.label("clock")
+                   ).where(c.c.name == name)
     default = select(d).where(d.c.queue == queue)
     if dialect != "sqlite":
         found, default = found.with_for_update(), default.with_for_update(read=True)
@@ -100,7 +104,8 @@ def room_statements(schema: Schema, dialect: str) -> RoomStatements:
         found=found, default=default,
         size=select(func.count()).select_from(m).where(m.c.channel == name),
         advance=update(c).where(c.c.name == name).values(
-            last_turn=bindparam("p_turn", type_=Integer())),
+            last_turn=bindparam("p_turn", type_=Integer()), size_bound=bound),
+        bound=update(c).where(c.c.name == name).values(size_bound=bound),
         window=window_of(schema, name))
 
 
@@ -139,19 +144,39 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
         raise vanished(name)
     settings = (ChannelSettings.from_row(row) if row.configured
                 else (yield from default_flow(schema, dialect, row.queue)))
-    if settings.max_size is not None:
-        size = (yield sql.size, params).scalar_one()
-        check_size(name, size, adding, settings.max_size)
+    bound = yield from _sized(sql, params, row.size_bound, adding, settings.max_size)
     if settings.limited:
+        if bound != row.size_bound:
+            yield sql.bound, {**params, "p_bound": bound}
         return None
     turn = first_turn(row.last_turn, row.clock)
-    yield sql.advance, {**params, "p_turn": turn + adding - 1}
+    yield sql.advance, {**params, "p_turn": turn + adding - 1, "p_bound": bound}
     if not settings.ordered:
         return Turns(turn)
     # Under the row's lock, so publishes to the channel see each other's messages; a
     # take of its head committing meanwhile may miss these (see core_fair's HeadMending).
     window = (yield sql.window, params).one()
     return Turns(turn, ordered=True, room=window_room(window.waiting, bool(window.blocked)))
+
+
+def _sized(sql: RoomStatements, params: dict[str, Any], bound: int | None, adding: int,
+           max_size: int | None) -> Generator[Step, Any, int | None]:
+    """Refuse ``adding`` more messages with :class:`~sqlmq.errors.ChannelFull` if they
+    would take channel ``p_name`` over ``max_size``; its size bound after them (None
+    without a ``max_size``: a bound not kept meanwhile would be too low once one is set).
+
+    Every message enters a channel through :func:`room_flow` (a publish, a requeue), under
+    the row's lock, and adds to the bound; leaving (archived, cancelled, deleted) does not
+    touch it. So the bound is never below the channel's size, and is its size right after
+    a count. Publishes that fit under it are let in without counting; one that does not
+    counts the messages (as every publish under a ``max_size`` did: 20 ms with 50,000 of
+    them on PostgreSQL and MariaDB) and is refused by that count alone."""
+    if max_size is None:
+        return None
+    if bound is None or bound + adding > max_size:
+        bound = int((yield sql.size, params).scalar_one())
+        check_size(params["p_name"], bound, adding, max_size)
+    return bound + adding
 
 
 def default_flow(schema: Schema, dialect: Dialect,

@@ -218,6 +218,38 @@ async def test_max_size_refuses_a_publish_and_writes_nothing(env: Env) -> None:
     assert (info.name, info.waiting, info.running) == ("small", 3, 0)
 
 
+async def test_max_size_counts_what_left_the_channel_and_refuses_only_by_the_count(
+        env: Env) -> None:
+    """Publishes are let in under an upper bound of the channel's size that messages
+    leaving do not lower (schema version 16, ``core_room._sized``): one that does not fit
+    under it counts, and is refused only when the count says so."""
+    await env.engine.set_channel("c", "q", ChannelSettings(max_size=5))
+    await publish(env, "c", 3)
+    for d in await env.engine.acquire(["q"], 2, 30):  # 2 of 3 archived: 1 left
+        assert await env.engine.settle([done(d)]) == {d.id}
+    await publish(env, "c", 4)  # over the bound (7), within the size (5)
+    with pytest.raises(ChannelFull, match="'c' holds 5 messages and its max_size is 5"):
+        await publish(env, "c", 1)
+    assert (await env.stats()).pending == 5
+
+
+async def test_max_size_set_again_counts_what_came_while_there_was_none(env: Env) -> None:
+    """While a channel has no ``max_size`` its bound is not kept: set again, the limit
+    holds against every message, those published meanwhile included."""
+    await env.engine.set_channel("c", "q", ChannelSettings(max_size=10))
+    await publish(env, "c", 3)
+    await env.engine.set_channel("c", "q", ChannelSettings())
+    await publish(env, "c", 5)
+    await env.engine.set_channel("c", "q", ChannelSettings(max_size=8))
+    with pytest.raises(ChannelFull, match="'c' holds 8 messages and its max_size is 8"):
+        await publish(env, "c", 1)
+    await env.engine.set_channel_default("q", ChannelSettings(max_size=9))
+    await env.engine.set_channel("c", "q", None)  # the default's 9 now
+    await publish(env, "c", 1)
+    with pytest.raises(ChannelFull):
+        await publish(env, "c", 1)
+
+
 async def test_a_queue_default_limits_channels_without_settings_of_their_own(
         env: Env) -> None:
     await env.engine.set_channel_default("q", ChannelSettings(max_concurrency=1))
