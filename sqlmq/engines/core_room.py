@@ -1,7 +1,8 @@
 """A publish to a channel on the SQL engines, in SQLAlchemy Core (the model is
 :mod:`sqlmq.channels`): the flow that makes sure the channel's row exists and locks it,
-checks ``max_size`` against an exact count, gives the messages their turns in the fair
-order, and then inserts them (:func:`.core_publish.publish_flow`).
+checks ``max_size`` (against the row's size bound, counting the channel's messages only
+when they may not fit: :func:`_sized`), gives the messages their turns in the fair order,
+and then inserts them (:func:`.core_publish.publish_flow`).
 
 Its statements are built once per schema and database (:func:`room_statements`), with the
 channel and the queue as parameters. Built on every publish, as they were, SQLAlchemy made
@@ -124,14 +125,15 @@ def channel_flow(schema: Schema, dialect: Dialect, messages: NewMessages,
 def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
               adding: int) -> Generator[Step, Any, Turns | None]:
     """Create channel ``name``'s row if need be and lock it (writers to one channel take
-    turns, so the count is exact), then refuse ``adding`` more messages with
-    :class:`~sqlmq.errors.ChannelFull` if they would exceed its ``max_size``: a publish's
-    and a requeue's check. Else, for a channel without limits, give them their turns
-    (:func:`sqlmq.channels.first_turn`; None: a channel with limits, whose messages get
-    no ``fair_key``). The queue's clock is read without a lock: a stale one only places a
-    channel that had nothing waiting a little early in the round. The queue's default is
-    read under a shared lock, so that a change of it waits for this publish and then sees
-    its rows (:meth:`ChannelAdmin.set_channel_default`)."""
+    turns, so its size bound and any count are exact), then refuse ``adding`` more
+    messages with :class:`~sqlmq.errors.ChannelFull` if they would exceed its
+    ``max_size`` (:func:`_sized`): a publish's and a requeue's check. Else, for a channel
+    without limits, give them their turns (:func:`sqlmq.channels.first_turn`; None: a
+    channel with limits, whose messages get no ``fair_key``). The queue's clock is read
+    without a lock: a stale one only places a channel that had nothing waiting a little
+    early in the round. The queue's default is read under a shared lock, so that a change
+    of it waits for this publish and then sees its rows
+    (:meth:`ChannelAdmin.set_channel_default`)."""
     sql = room_statements(schema, dialect.name)
     params = {"p_name": name, "p_queue": queue}
     row = None if sql.make_first else (yield sql.found, params).one_or_none()
