@@ -26,14 +26,16 @@ def _victim(db_kind: str) -> BaseException:
         1213, "Deadlock found when trying to get lock; try restarting transaction")
 
 
-def _failing_once(part: Callable[..., Awaitable[Any]], exc: BaseException,
-                  calls: list[int]) -> Callable[..., Awaitable[Any]]:
-    async def once(*args: Any) -> Any:
+def _failing(call: Callable[..., Awaitable[Any]], exc: BaseException, calls: list[int],
+             times: int = 1) -> Callable[..., Awaitable[Any]]:
+    """``call``, raising ``exc`` instead the first ``times`` times (``calls``: one entry per
+    call)."""
+    async def failing(*args: Any) -> Any:
         calls.append(1)
-        if len(calls) == 1:
+        if len(calls) <= times:
             raise exc
-        return await part(*args)
-    return once
+        return await call(*args)
+    return failing
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql", "mariadb"])
@@ -43,7 +45,7 @@ async def test_an_acquire_chosen_as_a_deadlocks_victim_runs_again(
     sent = await broker.publish_batch("jobs", range(3))
     engine: Any = broker.engine
     calls: list[int] = []
-    engine._acquire_plain = _failing_once(engine._acquire_plain, _victim(db_kind), calls)
+    engine._acquire_plain = _failing(engine._acquire_plain, _victim(db_kind), calls)
     got = await engine.acquire(["jobs"], 10, 30)
     assert sorted(d.id for d in got) == sorted(sent) and len(calls) == 2
     assert any("deadlock's victim; running it again (2 of 3)" in r.getMessage()
@@ -74,7 +76,7 @@ async def test_what_the_first_part_took_is_returned_when_the_second_fails(
     await broker.publish("jobs", "in a channel", channel="c")
     engine: Any = broker.engine
     calls: list[int] = []
-    engine._acquire_channels = _failing_once(engine._acquire_channels,
+    engine._acquire_channels = _failing(engine._acquire_channels,
                                              ConnectionResetError("connection lost"), calls)
     engine._channels_first = True  # the next acquire goes plain first
     got = await engine.acquire(["jobs"], 10, 30)
@@ -93,7 +95,7 @@ async def test_a_second_part_failing_after_a_first_that_took_nothing_raises(
     await broker.publish("jobs", "in a channel", channel="c")
     engine: Any = broker.engine
     calls: list[int] = []
-    engine._acquire_channels = _failing_once(engine._acquire_channels,
+    engine._acquire_channels = _failing(engine._acquire_channels,
                                              ConnectionResetError("connection lost"), calls)
     engine._channels_first = True
     with pytest.raises(ConnectionResetError):

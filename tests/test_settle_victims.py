@@ -8,7 +8,6 @@ loses nothing."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -17,20 +16,9 @@ from sqlmq import Broker, Message
 from sqlmq.runtime.flusher import VICTIM_TRIES
 
 from .conftest import rows, wait_for_count
-from .test_acquire_parts import _victim
+from .test_acquire_parts import _failing, _victim
 
 QUICK = {"flush_interval": 0.01, "max_fetch_interval": 0.05}
-
-
-def _failing(call: Callable[..., Awaitable[Any]], exc: BaseException, times: int,
-             calls: list[int]) -> Callable[..., Awaitable[Any]]:
-    """``call``, raising ``exc`` instead the first ``times`` times."""
-    async def failing(*args: Any) -> Any:
-        calls.append(1)
-        if len(calls) <= times:
-            raise exc
-        return await call(*args)
-    return failing
 
 
 def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
@@ -38,8 +26,17 @@ def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
             if r.name == "sqlmq" and r.levelno == level]
 
 
-async def _handle_all(broker: Broker, n: int, **publish: Any) -> tuple[list[int], Any]:
-    """Publish ``n`` messages, handle them; the ids published and the runtime."""
+def _failing_for(broker: Broker, method: str, db_kind: str, times: int) -> list[int]:
+    """Make the engine's ``method`` raise the driver's deadlock error its first ``times``
+    calls; the list its calls are counted in."""
+    engine: Any = broker.engine
+    calls: list[int] = []
+    setattr(engine, method, _failing(getattr(engine, method), _victim(db_kind), calls, times))
+    return calls
+
+
+async def _handle_all(broker: Broker, n: int, **publish: Any) -> Any:
+    """Publish ``n`` messages, handle them, see each archived; the runtime."""
     handled: list[int] = []
 
     @broker.subscriber("jobs", workers=2, **QUICK)
@@ -52,18 +49,16 @@ async def _handle_all(broker: Broker, n: int, **publish: Any) -> tuple[list[int]
     (runtime,) = broker.runtimes
     await wait_for_count(lambda: runtime.counters.completed, n, message="written")
     await broker.stop()
-    return sent, runtime
+    assert sorted(r["id"] for r in await rows(broker, "archive")) == sorted(sent)
+    return runtime
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql", "mariadb"])
 async def test_a_settle_chosen_as_a_deadlocks_victim_is_written_again_at_once(
         broker: Broker, db_kind: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="sqlmq")
-    engine: Any = broker.engine
-    calls: list[int] = []
-    engine.settle = _failing(engine.settle, _victim(db_kind), 1, calls)
-    sent, runtime = await _handle_all(broker, 3)
-    assert sorted(r["id"] for r in await rows(broker, "archive")) == sorted(sent)
+    _failing_for(broker, "settle", db_kind, 1)
+    runtime = await _handle_all(broker, 3)
     assert (runtime.counters.completed, runtime.counters.stale) == (3, 0)
     assert any(f"deadlock's victim; writing it again (2 of {VICTIM_TRIES})" in line
                for line in _lines(caplog, logging.INFO))
@@ -75,11 +70,8 @@ async def test_a_passing_settle_chosen_as_a_victim_passes_the_slot_on_when_writt
         broker: Broker, db_kind: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="sqlmq")
     await broker.set_channel("c", max_concurrency=1)
-    engine: Any = broker.engine
-    calls: list[int] = []
-    engine.settle_passing = _failing(engine.settle_passing, _victim(db_kind), 1, calls)
-    sent, runtime = await _handle_all(broker, 4, channel="c")
-    assert sorted(r["id"] for r in await rows(broker, "archive")) == sorted(sent)
+    calls = _failing_for(broker, "settle_passing", db_kind, 1)
+    runtime = await _handle_all(broker, 4, channel="c")
     assert runtime.counters.passed >= 1 and len(calls) >= 2
     assert _lines(caplog, logging.WARNING) == []
 
@@ -88,11 +80,8 @@ async def test_a_passing_settle_chosen_as_a_victim_passes_the_slot_on_when_writt
 async def test_a_settle_that_keeps_deadlocking_backs_off_and_loses_nothing(
         broker: Broker, db_kind: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="sqlmq")
-    engine: Any = broker.engine
-    calls: list[int] = []
-    engine.settle = _failing(engine.settle, _victim(db_kind), VICTIM_TRIES + 1, calls)
-    sent, runtime = await _handle_all(broker, 3)
-    assert sorted(r["id"] for r in await rows(broker, "archive")) == sorted(sent)
+    _failing_for(broker, "settle", db_kind, VICTIM_TRIES + 1)
+    runtime = await _handle_all(broker, 3)
     assert runtime.counters.completed == 3
     # VICTIM_TRIES tries in a row (all but the first at once), then the backoff and its
     # warning; the flush after it fails once more, tries again at once, and is written.
