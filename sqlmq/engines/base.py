@@ -212,19 +212,16 @@ class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, Cont
         publishes meet deadlocks most (see :mod:`.core_publish`), but a plain or topic
         publish's insert can be chosen too, against the acquires and settles of a busy
         MariaDB (a topic publish failed so in ``test_topics`` under the full suite)."""
-        if tries >= KEYED_TRIES or not self._deadlock(exc):
+        if tries >= KEYED_TRIES or not self.deadlock_victim(exc):
             return False
         log.info("a publish to %r was a deadlock's victim; running it again (%d of %d)",
                  messages.queue, tries + 1, KEYED_TRIES)
         return True
 
-    def _deadlock(self, exc: BaseException) -> bool:
+    def deadlock_victim(self, exc: BaseException) -> bool:
         """Whether the database ended the transaction to break a deadlock (``exc`` as
         SQLAlchemy wrapped it, or as the driver raised it)."""
         return False
-
-    def deadlock_victim(self, exc: BaseException) -> bool:
-        return self._deadlock(exc)
 
     def _wake_statement(self, messages: NewMessages) -> Step | None:
         """What a Core publish runs to wake consumers in other processes (PostgreSQL's

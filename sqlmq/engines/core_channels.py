@@ -103,7 +103,7 @@ class ChannelStatements(FairAcquire):
         raise NotImplementedError
 
     if TYPE_CHECKING:
-        def _deadlock(self, exc: BaseException) -> bool: ...
+        def deadlock_victim(self, exc: BaseException) -> bool: ...
 
     async def acquire(self, queues: Sequence[str], limit: int, lease: float) -> list[Delivery]:
         """The plain acquire, and, once channels exist, the channels' acquire: each goes
@@ -115,7 +115,7 @@ class ChannelStatements(FairAcquire):
         second fails otherwise, the first's messages are returned all the same, leased to
         this caller (raised, they waited out their lease unrun), and the failure logged:
         the next acquire meets it again if it lasts."""
-        victim = self._deadlock
+        victim = self.deadlock_victim
         if not await self._lookouts.channels.sees(self._transaction):
             return await again_if_victim(self._acquire_plain, victim, queues, limit, lease)
         self._channels_first = not self._channels_first

@@ -58,7 +58,7 @@ def _mysql_insert_or_nothing(table: Any, values: dict[str, Any]) -> Any:
     return stmt.on_duplicate_key_update({key.name: stmt.inserted[key.name]})
 
 
-def make_channel(dialect: str, channel: Any) -> Any:
+def _make_channel(dialect: str, channel: Any) -> Any:
     """Make channel row ``p_name`` (of queue ``p_queue``) unless it exists."""
     return _INSERT_IGNORE[dialect](channel, {"name": bindparam("p_name"),
                                              "queue": bindparam("p_queue"),
@@ -101,7 +101,7 @@ def room_statements(schema: Schema, dialect: str) -> RoomStatements:
     if dialect != "sqlite":
         found, default = found.with_for_update(), default.with_for_update(read=True)
     return RoomStatements(
-        make=make_channel(dialect, c), make_first=dialect in ("mysql", "mariadb"),
+        make=_make_channel(dialect, c), make_first=dialect in ("mysql", "mariadb"),
         found=found, default=default,
         size=select(func.count()).select_from(m).where(m.c.channel == name),
         advance=update(c).where(c.c.name == name).values(
@@ -188,5 +188,5 @@ def default_flow(schema: Schema, dialect: Dialect,
     return NO_LIMITS if row is None else ChannelSettings.from_row(row)
 
 
-__all__ = ["MAKE_TRIES", "RoomStatements", "channel_flow", "default_flow", "make_channel",
-           "room_flow", "room_statements", "vanished"]
+__all__ = ["MAKE_TRIES", "RoomStatements", "channel_flow", "default_flow", "room_flow",
+           "room_statements", "vanished"]

@@ -388,7 +388,7 @@ class MysqlEngine(SlotPacket, FairPacket, IdLists, ArchiveAndStatsMixin, SqlEngi
                                      one_packet=total + size < _PACKET_BYTES)
         return sorted(int(row[0]) for rows in results for row in rows)
 
-    def _deadlock(self, exc: BaseException) -> bool:
+    def deadlock_victim(self, exc: BaseException) -> bool:
         args = getattr(exc.orig if isinstance(exc, DBAPIError) else exc, "args", None)
         return bool(args) and args[0] == _ER_LOCK_DEADLOCK
 

@@ -324,7 +324,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
                 statement, paramstyle)
         return found.text, found.args(insert_args(self.channel, messages))
 
-    def _deadlock(self, exc: BaseException) -> bool:
+    def deadlock_victim(self, exc: BaseException) -> bool:
         return deadlock_detected(exc)
 
     def _wake_statement(self, messages: NewMessages) -> Step | None:
