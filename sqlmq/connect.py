@@ -12,8 +12,7 @@ import contextlib
 import importlib.util
 import re
 import shlex
-import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlencode
 
@@ -22,6 +21,7 @@ from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.exc import ArgumentError
 
 from .errors import ConfigurationError, ConnectTimeout
+from .sqlite_connections import prepare_sqlite
 
 if TYPE_CHECKING:  # imported where used: the Spark workers need none of the asyncio side
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -35,9 +35,6 @@ _DRIVERS = {
 }
 _ALIASES = {"postgres": "postgresql"}
 _MODULES = {"pysqlite": "sqlite3"}
-
-#: Execution option marking a connection that only reads (SQLite then skips the write lock).
-READ_ONLY = "sqlmq_read_only"
 
 
 def parse_url(url: str | URL) -> URL:
@@ -370,217 +367,3 @@ def _bound_pymysql_handshake(engine: SyncEngine, shown: str) -> None:
             raise
         conn._read_timeout = None  # PyMySQL applies it before each read
         return conn
-
-
-def prepare_sqlite(engine: SyncEngine) -> None:
-    """WAL, a long busy timeout, and ``BEGIN IMMEDIATE`` for every transaction.
-
-    The driver's own deferred BEGIN would let two processes both read a message as ready
-    and then race to upgrade their locks; taking the write lock up front makes acquire
-    exclusive instead.
-    """
-
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        _use_wal(cursor, engine.dialect.is_async)
-        cursor.execute("PRAGMA busy_timeout=60000")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _begin(conn: Any) -> None:
-        # Reads (stats, reports) need no write lock: with one they would queue behind every
-        # open writer, a caller's outbox transaction included.
-        if conn.get_execution_options().get(READ_ONLY):
-            conn.exec_driver_sql("BEGIN")
-            return
-        if engine.dialect.is_async:
-            _take_write_turn(engine, conn.connection.info)
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    if engine.dialect.is_async:
-        @event.listens_for(engine, "commit")
-        @event.listens_for(engine, "rollback")
-        def _end(conn: Any) -> None:
-            # These fire just before the driver's COMMIT/ROLLBACK; the next writer is let in
-            # once this task yields, i.e. while that statement runs on the driver's thread.
-            if conn.invalidated:
-                # A task cancelled inside a statement: SQLAlchemy invalidated the connection,
-                # and reading it here would raise, turning the cancellation into a
-                # PendingRollbackError. The pool's invalidate event gives the turn back.
-                return
-            held = conn.connection.info.pop(_TURN, None)
-            if held is not None:
-                held[0].call_soon(held[1].release)
-
-        # Before the turn is given back: the next writer would wait on the lock otherwise.
-        event.listen(engine, "invalidate", _end_transaction_cut_short)
-        for name in ("checkin", "close", "invalidate"):
-            event.listen(engine, name, _give_back_write_turn)
-
-
-#: How long a new connection keeps trying to switch a new file to WAL while other
-#: connections race to do the same (each try is quick; the backoff between them is short).
-_WAL_SWITCH_TIMEOUT = 30.0
-
-
-def _use_wal(cursor: Any, is_async: bool) -> None:
-    """Put the database file in WAL mode, which it then keeps for good.
-
-    Several processes opening a new file at once (workers started together) race to switch
-    it, and SQLite answers the losers "database is locked" at once, without waiting on the
-    busy timeout. So the mode is read first and switched only if it is not WAL yet, and a
-    "locked" answer is retried, re-reading the mode (another process's switch does as well
-    as ours), with a short bounded backoff. Under aiosqlite this runs on the event loop's
-    thread (in SQLAlchemy's greenlet), so the pause is an ``asyncio.sleep`` there, never a
-    blocking one."""
-    import random
-    import time
-
-    deadline = time.monotonic() + _WAL_SWITCH_TIMEOUT
-    pause = 0.001
-    while True:
-        try:
-            if _journal_mode(cursor, "PRAGMA journal_mode") == "wal":
-                return
-            if _journal_mode(cursor, "PRAGMA journal_mode=WAL") == "wal":
-                return
-            problem: Exception | None = None  # not switched (the old mode came back)
-        except Exception as exc:  # the driver's OperationalError (sqlite3's, or wrapped)
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-            problem = exc
-        if time.monotonic() > deadline:
-            raise sqlite3.OperationalError(
-                f"could not switch the SQLite database to WAL mode within "
-                f"{_WAL_SWITCH_TIMEOUT:.0f} s: {problem or 'the journal mode did not change'}"
-            ) from problem
-        _sleep(pause * random.uniform(0.5, 1.5), is_async)
-        pause = min(pause * 2, 0.1)
-
-
-def _journal_mode(cursor: Any, statement: str) -> str:
-    cursor.execute(statement)
-    row = cursor.fetchone()
-    return str(row[0]).lower() if row else ""
-
-
-def _sleep(seconds: float, is_async: bool) -> None:
-    if is_async:
-        from sqlalchemy.util import await_only
-
-        await_only(asyncio.sleep(seconds))
-    else:
-        import time
-
-        time.sleep(seconds)
-
-
-# The write turn of one async engine's connections, per event loop.
-#
-# Within a process, waiting on SQLite's busy handler is slow: it sleeps 1, 2, 5, 10 ... ms
-# between tries, whereas the writer it waits for usually finishes in well under one. So
-# the engine's own writers (publish, acquire, settle in one broker) queue on an asyncio lock
-# and start the moment the previous one ends its transaction. The busy timeout still
-# governs other processes and other engines on the same file.
-_TURN = "sqlmq_write_turn"
-_TURN_TIMEOUT = 60.0
-
-
-def _take_write_turn(engine: SyncEngine, info: dict[str, Any]) -> None:
-    from sqlalchemy.util import await_only
-
-    if _TURN in info:  # this connection holds the turn already (another transaction)
-        return
-    lock = _turn_lock(engine)
-    await_only(_wait_for_turn(lock))
-    info[_TURN] = (asyncio.get_running_loop(), lock)
-
-
-def _turn_lock(engine: SyncEngine) -> asyncio.Lock:
-    locks: dict[Any, asyncio.Lock] = engine.__dict__.setdefault(_TURN, {})
-    loop = asyncio.get_running_loop()
-    lock = locks.get(loop)
-    if lock is None:
-        lock = locks[loop] = asyncio.Lock()
-    return lock
-
-
-async def _wait_for_turn(lock: asyncio.Lock) -> None:
-    try:
-        await asyncio.wait_for(lock.acquire(), _TURN_TIMEOUT)
-    except TimeoutError:
-        raise sqlite3.OperationalError(
-            f"database is locked: another transaction of this process held the write lock "
-            f"for over {_TURN_TIMEOUT:.0f} s"
-        ) from None
-
-
-@contextlib.asynccontextmanager
-async def write_turn(engine: AsyncEngine) -> AsyncIterator[None]:
-    """This process's write turn on an SQLite engine, for a statement that commits by
-    itself (no BEGIN, so the ``begin`` event does not take the turn for it)."""
-    lock = _turn_lock(engine.sync_engine)
-    await _wait_for_turn(lock)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def _end_transaction_cut_short(_dbapi_conn: Any, record: Any, *_args: Any) -> None:
-    """Roll back the transaction of a connection SQLAlchemy is about to throw away.
-
-    A task cancelled inside a statement leaves that statement running on aiosqlite's
-    thread; SQLAlchemy then closes the connection, but ``sqlite3_close_v2`` with a statement
-    not yet finalized only turns the connection into a zombie that keeps its transaction,
-    and so the database's write lock, until the garbage collector frees the cursor: every
-    other writer, in any process, waited on the busy timeout meanwhile. So the statement is
-    interrupted and the transaction rolled back first, on the connection's own thread,
-    shielded from a second cancellation. Outside SQLAlchemy's greenlet the rollback runs as
-    a task of its own; with no event loop (a connection collected as garbage) nothing can
-    run on the connection's thread any more."""
-    from sqlalchemy.exc import MissingGreenlet
-    from sqlalchemy.util import await_only
-
-    driver = getattr(record, "driver_connection", None)
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    if driver is None:
-        return
-    rollback = loop.create_task(_roll_back_quietly(driver))
-    try:
-        await_only(asyncio.shield(rollback))
-    except MissingGreenlet:
-        _ROLLBACKS.add(rollback)
-        rollback.add_done_callback(_ROLLBACKS.discard)
-
-
-_ROLLBACKS: set[asyncio.Task[None]] = set()
-
-
-async def _roll_back_quietly(driver: Any) -> None:
-    # A connection invalidated because it is broken fails both; that is no news.
-    with contextlib.suppress(Exception):
-        await driver.interrupt()
-    with contextlib.suppress(Exception):
-        await driver.rollback()
-
-
-def _give_back_write_turn(_dbapi_conn: Any, record: Any, *_args: Any) -> None:
-    held = record.info.pop(_TURN, None) if record is not None else None
-    if held is None:
-        return
-    loop, lock = held
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        lock.release()
-    elif not loop.is_closed():
-        loop.call_soon_threadsafe(lock.release)

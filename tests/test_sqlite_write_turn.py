@@ -1,6 +1,7 @@
 """SQLite, one process: the engine's writers take turns on an asyncio lock instead of
-sleeping in SQLite's busy handler (``sqlmq/connect.py``). A turn ends with its transaction,
-not with its connection, so a connection kept open between transactions holds nobody up."""
+sleeping in SQLite's busy handler (``sqlmq/sqlite_connections.py``). A turn ends with its
+transaction, not with its connection, so a connection kept open between transactions holds
+nobody up."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ async def test_a_task_cancelled_inside_a_statement_ends_cancelled_and_frees_the_
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    from sqlmq.connect import _TURN
+    from sqlmq.sqlite_connections import _TURN
 
     assert not any(lock.locked() for lock in broker.db.sync_engine.__dict__[_TURN].values())
     # The database's own write lock is free as well: the cut-short transaction was rolled

@@ -24,13 +24,14 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
 from ..channels import Turns
-from ..connect import READ_ONLY, create_async, create_sync, finish_abandoned, sync_url
+from ..connect import create_async, create_sync, finish_abandoned, sync_url
 from ..dead_letters import DeadLetterNotice
 from ..errors import ConfigurationError
 from ..lifecycle import Outcome, State
 from ..migrate import MigrationLock, check_schema, migrate
 from ..records import NewMessage, NewMessages, QueueStats, Settlement
 from ..schema import Schema
+from ..sqlite_connections import READ_ONLY
 from ..sqltime import db_now_plus
 from .contract import DeadLetterSource, WakeSource
 from .core_channels import ChannelAdmin, ChannelStatements

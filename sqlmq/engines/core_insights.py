@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import Select, and_, case, func, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..connect import READ_ONLY
 from ..lifecycle import State
 from ..schema import Schema
+from ..sqlite_connections import READ_ONLY
 from ..sqltime import db_now_plus
 from ..views import ArchiveQuery, MessageView, WindowCount
 from .rows import RowDecodeError, decode_history, headers_of

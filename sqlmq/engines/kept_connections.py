@@ -173,7 +173,7 @@ class KeptConnections(IdleReturns):
     #: any); the hot path may then hold any number.
     KEEP_UNBOUNDED = 4
     KEEP_FOR = 10.0
-    #: Put the connections in autocommit; SQLite's are (see :mod:`sqlmq.connect`), and
+    #: Put the connections in autocommit; SQLite's are (see :mod:`sqlmq.sqlite_connections`), and
     #: SQLAlchemy would undo that recipe when resetting the level at check-in.
     AUTOCOMMIT = True
 

@@ -1,7 +1,7 @@
-"""SQLite: every transaction is ``BEGIN IMMEDIATE`` (set up in :mod:`sqlmq.connect`), so a
-writer holds the database's single write lock from its first statement. That serialises
-acquire and settle across processes sharing one file, which is what SKIP LOCKED gives the
-server databases; WAL keeps readers going meanwhile.
+"""SQLite: every transaction is ``BEGIN IMMEDIATE`` (set up in
+:mod:`sqlmq.sqlite_connections`), so a writer holds the database's single write lock from
+its first statement. That serialises acquire and settle across processes sharing one file,
+which is what SKIP LOCKED gives the server databases; WAL keeps readers going meanwhile.
 
 Since one transaction at a time writes, the time a transaction takes is the throughput: the
 hot path (acquire, settle, a single publish) runs its statements straight on aiosqlite, one
@@ -22,8 +22,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from ..connect import write_turn
 from ..records import Delivery, NewMessage, NewMessages, Settlement
+from ..sqlite_connections import write_turn
 from .base import ARCHIVING, RETURNING, ArchiveAndStatsMixin, SqlEngine
 from .kept_connections import driver_connection
 from .rows import (

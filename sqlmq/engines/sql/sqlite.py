@@ -5,7 +5,7 @@ Times are ISO text with six fractional digits (naive UTC), so that values writte
 Python and values computed here compare correctly as text: the clock is
 ``(strftime('%Y-%m-%d %H:%M:%f','now')||'000')``, and now + x seconds
 ``(strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',x))||'000')``. Every
-transaction is BEGIN IMMEDIATE (see :mod:`sqlmq.connect`): a writer holds the database's
+transaction is BEGIN IMMEDIATE (see :mod:`sqlmq.sqlite_connections`): a writer holds the database's
 single write lock from its first statement, so no statement here needs a row lock.
 """
 

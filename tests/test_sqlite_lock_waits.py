@@ -1,0 +1,85 @@
+"""SQLite, several connections (as several processes have): a writer whose ``BEGIN
+IMMEDIATE`` is refused tries again itself every millisecond or two instead of sleeping up
+to 100 ms in SQLite's busy handler (``sqlmq/sqlite_connections.py``), gives up after the
+busy timeout with an error that says so, and leaves its connection's busy timeout as it
+found it. The process-level consequence (no worker process starved of a shared queue) is in
+``test_work_sharing.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from sqlmq import Broker, sqlite_connections
+
+
+def _holder(path: Path) -> sqlite3.Connection:
+    """Another connection to the file, holding its write lock."""
+    holder = sqlite3.connect(path, isolation_level=None, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def _busy_timeout(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_a_writer_kept_waiting_by_another_connection_gets_in_once_it_commits(
+    broker: Broker, db_url: str,
+) -> None:
+    holder = _holder(Path(db_url.removeprefix("sqlite:///")))
+    try:
+        async def write() -> int:
+            async with broker.db.begin() as conn:
+                timeout = (await conn.execute(text("PRAGMA busy_timeout"))).scalar_one()
+                await broker.publish("jobs", "waited", connection=conn)
+                return int(timeout)
+
+        writer = asyncio.create_task(write())
+        await asyncio.sleep(0.3)
+        assert not writer.done(), "the write lock was not held: the test proves nothing"
+    finally:
+        holder.commit()
+        holder.close()
+    assert await asyncio.wait_for(writer, 10) == 60_000
+    assert [s.pending for s in await broker.stats() if s.queue == "jobs"] == [1]
+
+
+def test_a_writer_gives_up_after_the_busy_timeout_naming_why_and_restores_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sqlite_connections, "_BUSY_TIMEOUT", 0.3)
+    path = tmp_path / "locked.db"
+    waiter = sqlite3.connect(path, isolation_level=None)
+    waiter.execute("PRAGMA journal_mode=WAL")
+    waiter.execute("PRAGMA busy_timeout=60000")
+    holder = _holder(path)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="another process held the write "
+                                                           "lock for over 0 s"):
+            sqlite_connections._begin_immediate(waiter, is_async=False)
+        assert not waiter.in_transaction
+        assert _busy_timeout(waiter) == 60_000
+    finally:
+        holder.rollback()
+        holder.close()
+    sqlite_connections._begin_immediate(waiter, is_async=False)
+    assert waiter.in_transaction
+    assert _busy_timeout(waiter) == 60_000
+    waiter.rollback()
+    waiter.close()
+
+
+def test_an_error_other_than_busy_is_raised_at_once(tmp_path: Path) -> None:
+    waiter = sqlite3.connect(tmp_path / "open.db", isolation_level=None)
+    waiter.execute("BEGIN")  # a transaction open already: BEGIN IMMEDIATE is refused
+    with pytest.raises(sqlite3.OperationalError, match="within a transaction"):
+        sqlite_connections._begin_immediate(waiter, is_async=False)
+    waiter.rollback()
+    assert _busy_timeout(waiter) == 60_000
+    waiter.close()
