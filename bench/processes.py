@@ -58,7 +58,11 @@ async def work(url: str, prefix: str) -> None:
     await loop.run_in_executor(None, sys.stdin.readline)  # go
     await broker.start()
     await loop.run_in_executor(None, sys.stdin.readline)  # stop
-    completed = sum(r.counters.completed for r in broker.runtimes)
+    # The orchestrator saw the table empty once the last flush committed; its counts are
+    # added when the flush returns, which the stop waits for.
+    runtimes = broker.runtimes
+    await broker.stop()
+    completed = sum(r.counters.completed for r in runtimes)
     await broker.close()
     emit(completed=completed)
 
