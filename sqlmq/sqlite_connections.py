@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import sqlite3
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine as SyncEngine
+from sqlalchemy.exc import DBAPIError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+T = TypeVar("T")
 
 #: Execution option marking a connection that only reads (SQLite then skips the write lock).
 READ_ONLY = "sqlmq_read_only"
@@ -35,7 +40,7 @@ def prepare_sqlite(engine: SyncEngine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         _use_wal(cursor, engine.dialect.is_async)
-        cursor.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        cursor.execute(BUSY_WAIT)
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
@@ -74,24 +79,53 @@ def prepare_sqlite(engine: SyncEngine) -> None:
 #: How long a writer waits for another to end its transaction (the busy timeout's length).
 _BUSY_TIMEOUT = 60.0
 _BUSY_TIMEOUT_MS = int(_BUSY_TIMEOUT * 1000)
-#: The write lock taken with SQLite's busy handler off for that one statement: a refusal
-#: comes back at once, and :func:`_begin_immediate` tries again itself.
-_BEGIN_NOW = f"PRAGMA busy_timeout=0; BEGIN IMMEDIATE; PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}"
-#: Its pauses between tries: a short start, doubling up to a short cap, each jittered.
-_BEGIN_PAUSES = (0.0002, 0.002)
+#: Switches SQLite's busy handler off on a connection whose writes :func:`retry_refused`
+#: tries again itself, and back on.
+NO_BUSY_WAIT = "PRAGMA busy_timeout=0"
+BUSY_WAIT = f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}"
+#: The write lock taken with the busy handler off for that one statement: a refusal comes
+#: back at once, and :func:`_begin_immediate` tries again itself.
+_BEGIN_NOW = f"{NO_BUSY_WAIT}; BEGIN IMMEDIATE; {BUSY_WAIT}"
+#: The pauses between tries: a short start, doubling up to a short cap, each jittered.
+_PAUSES = (0.0002, 0.002)
 
 
-def _begin_immediate(driver: Any, is_async: bool) -> None:
-    """``BEGIN IMMEDIATE``, retried every millisecond or two while another process writes.
+def _pauses() -> Iterator[float]:
+    """The pauses of a writer whose write SQLite refused (the lock was held), until the
+    busy timeout has passed.
 
     SQLite's own busy handler sleeps 1, 2, 5, 10 ... then 100 ms between tries. Other
     processes' writers end their transactions within a millisecond and start the next one
-    within a fraction of one (this process's own writers queue on the write turn instead),
-    so a process waiting on the handler finds the lock free only by chance, and under load
-    one could go a whole drain without a turn (a shared queue's third worker handled none of
-    10,000 messages). Trying again every millisecond or two itself, it finds the gaps."""
-    import random
-    import time
+    within a fraction of one (a process's own writers queue on the write turn instead), so
+    a process waiting on the handler finds the lock free only by chance: a shared queue's
+    third worker process handled none of 10,000 messages, and a single publish from a
+    process of its own waited up to 2.5 s (p99 430 ms) beside two busy workers. Trying
+    again every millisecond or two, a writer finds the gaps."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT
+    pause, longest = _PAUSES
+    while time.monotonic() < deadline:
+        yield pause * random.uniform(0.5, 1.5)
+        pause = min(pause * 2, longest)
+
+
+def _locked_too_long(statement: str) -> Exception:
+    """The error of a writer that waited the busy timeout out, as SQLAlchemy's (the one its
+    statement would have raised had the busy handler waited)."""
+    return _wrapped(sqlite3.OperationalError(
+        f"database is locked: another process held the write lock for over "
+        f"{_BUSY_TIMEOUT:.0f} s"), statement)
+
+
+def _wrapped(exc: Exception, statement: str) -> Exception:
+    """A driver's error as SQLAlchemy raises it for a statement (its own is kept)."""
+    if isinstance(exc, DBAPIError) or not isinstance(exc, sqlite3.Error):
+        return exc
+    return DBAPIError.instance(statement, None, exc, sqlite3.Error)
+
+
+def _begin_immediate(driver: Any, is_async: bool) -> None:
+    """``BEGIN IMMEDIATE``, tried again every millisecond or two while another process
+    writes (see :func:`_pauses`), not left to the busy handler."""
 
     def attempt() -> None:
         # A script commits a transaction left open first; a plain BEGIN refuses, as it
@@ -105,47 +139,57 @@ def _begin_immediate(driver: Any, is_async: bool) -> None:
         else:
             statement(script)
 
-    deadline = 0.0
-    pause, longest = _BEGIN_PAUSES
     try:
-        while True:
+        for pause in _pauses():
             try:
                 attempt()
                 return
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
-                    raise
-                now = time.monotonic()
-                deadline = deadline or now + _BUSY_TIMEOUT
-                if now > deadline:
-                    raise sqlite3.OperationalError(
-                        f"database is locked: another process held the write lock for over "
-                        f"{_BUSY_TIMEOUT:.0f} s") from exc
-            _sleep(pause * random.uniform(0.5, 1.5), is_async)
-            pause = min(pause * 2, longest)
+            except sqlite3.Error as exc:
+                if not refused(exc):
+                    raise _wrapped(exc, "BEGIN IMMEDIATE") from exc
+            _sleep(pause, is_async)
+        raise _locked_too_long("BEGIN IMMEDIATE")
     except BaseException:
-        _restore_busy_timeout(driver, is_async)
+        # A refusal stopped the script before its last statement: the busy handler is off
+        # still, and reads outside a write transaction want it.
+        with contextlib.suppress(Exception):
+            if is_async:
+                from sqlalchemy.util import await_only
+
+                await_only(driver.execute(BUSY_WAIT))
+            else:
+                driver.execute(BUSY_WAIT)
         raise
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
+async def retry_refused(write: Callable[[], Awaitable[T]]) -> T:
+    """Run ``write``, one statement committing by itself on a connection whose busy handler
+    is off (:data:`NO_BUSY_WAIT`), again each time SQLite refuses it the write lock: a
+    refused statement has written nothing. See :func:`_pauses`."""
+    statement = ""
+    for pause in _pauses():
+        try:
+            return await write()
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            statement = getattr(exc, "statement", None) or statement
+        await asyncio.sleep(pause)
+    raise _locked_too_long(statement)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (the driver's, or SQLAlchemy's around it) is SQLite refusing the
+    write lock, held by another connection."""
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, BaseException):
+        exc = orig
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return (code & 0xFF) == sqlite3.SQLITE_BUSY
     return "locked" in str(exc)
-
-
-def _restore_busy_timeout(driver: Any, is_async: bool) -> None:
-    """After a refusal the script stopped before its last statement: the busy handler is
-    off still, and reads outside a write transaction want it."""
-    statement = f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}"
-    with contextlib.suppress(Exception):
-        if is_async:
-            from sqlalchemy.util import await_only
-
-            await_only(driver.execute(statement))
-        else:
-            driver.execute(statement)
 
 
 #: How long a new connection keeps trying to switch a new file to WAL while other
@@ -163,9 +207,6 @@ def _use_wal(cursor: Any, is_async: bool) -> None:
     as ours), with a short bounded backoff. Under aiosqlite this runs on the event loop's
     thread (in SQLAlchemy's greenlet), so the pause is an ``asyncio.sleep`` there, never a
     blocking one."""
-    import random
-    import time
-
     deadline = time.monotonic() + _WAL_SWITCH_TIMEOUT
     pause = 0.001
     while True:
@@ -200,8 +241,6 @@ def _sleep(seconds: float, is_async: bool) -> None:
 
         await_only(asyncio.sleep(seconds))
     else:
-        import time
-
         time.sleep(seconds)
 
 

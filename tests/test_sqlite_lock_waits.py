@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from sqlmq import Broker, sqlite_connections
+from sqlmq.engines.sqlite import _NO_BUSY_WAIT
 
 
 def _holder(path: Path) -> sqlite3.Connection:
@@ -50,6 +52,55 @@ async def test_a_writer_kept_waiting_by_another_connection_gets_in_once_it_commi
     assert [s.pending for s in await broker.stats() if s.queue == "jobs"] == [1]
 
 
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_a_single_publish_kept_waiting_gets_in_once_the_lock_is_free(
+    broker: Broker, db_url: str,
+) -> None:
+    """A single publish is one statement committing by itself on a kept connection whose
+    busy handler is off: refused, it is tried again, and the message is written once."""
+    await broker.publish("jobs", "first")  # the kept connection, its busy handler off
+    holder = _holder(Path(db_url.removeprefix("sqlite:///")))
+    try:
+        writer = asyncio.create_task(broker.publish("jobs", "waited"))
+        await asyncio.sleep(0.3)
+        assert not writer.done(), "the write lock was not held: the test proves nothing"
+    finally:
+        holder.commit()
+        holder.close()
+    await asyncio.wait_for(writer, 10)
+    assert [s.pending for s in await broker.stats() if s.queue == "jobs"] == [2]
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_a_single_publish_gives_up_after_the_busy_timeout_having_written_nothing(
+    broker: Broker, db_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sqlite_connections, "_BUSY_TIMEOUT", 0.3)
+    holder = _holder(Path(db_url.removeprefix("sqlite:///")))
+    try:
+        with pytest.raises(OperationalError, match="held the write lock for over 0 s"):
+            await broker.publish("jobs", "refused")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert [s.pending for s in await broker.stats() if s.queue == "jobs"] in ([], [0])
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_kept_connections_go_back_to_the_pool_with_the_busy_handler_on(
+    broker: Broker,
+) -> None:
+    engine = broker.engine
+    await asyncio.gather(*(broker.publish("jobs", str(i)) for i in range(3)))
+    kept = [conn for conn, _ in engine._kept]  # type: ignore[attr-defined]
+    assert kept and all(conn.info.get(_NO_BUSY_WAIT) for conn in kept)
+    raws = [(await conn.get_raw_connection()).driver_connection for conn in kept]
+    await engine._return_kept()  # type: ignore[attr-defined]
+    for raw in raws:
+        ((timeout,),) = await raw.execute_fetchall("PRAGMA busy_timeout")
+        assert timeout == 60_000
+
+
 def test_a_writer_gives_up_after_the_busy_timeout_naming_why_and_restores_the_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -60,9 +111,10 @@ def test_a_writer_gives_up_after_the_busy_timeout_naming_why_and_restores_the_ti
     waiter.execute("PRAGMA busy_timeout=60000")
     holder = _holder(path)
     try:
-        with pytest.raises(sqlite3.OperationalError, match="another process held the write "
-                                                           "lock for over 0 s"):
+        with pytest.raises(OperationalError, match="another process held the write lock "
+                                                   "for over 0 s") as refused:
             sqlite_connections._begin_immediate(waiter, is_async=False)
+        assert refused.value.statement == "BEGIN IMMEDIATE"
         assert not waiter.in_transaction
         assert _busy_timeout(waiter) == 60_000
     finally:
@@ -78,7 +130,7 @@ def test_a_writer_gives_up_after_the_busy_timeout_naming_why_and_restores_the_ti
 def test_an_error_other_than_busy_is_raised_at_once(tmp_path: Path) -> None:
     waiter = sqlite3.connect(tmp_path / "open.db", isolation_level=None)
     waiter.execute("BEGIN")  # a transaction open already: BEGIN IMMEDIATE is refused
-    with pytest.raises(sqlite3.OperationalError, match="within a transaction"):
+    with pytest.raises(OperationalError, match="within a transaction"):
         sqlite_connections._begin_immediate(waiter, is_async=False)
     waiter.rollback()
     assert _busy_timeout(waiter) == 60_000

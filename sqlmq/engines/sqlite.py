@@ -23,9 +23,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..records import Delivery, NewMessage, NewMessages, Settlement
-from ..sqlite_connections import write_turn
+from ..sqlite_connections import BUSY_WAIT, NO_BUSY_WAIT, retry_refused, write_turn
 from .base import ARCHIVING, RETURNING, ArchiveAndStatsMixin, SqlEngine
-from .kept_connections import driver_connection
+from .kept_connections import discard, driver_connection
 from .rows import (
     BatchHeaders,
     BatchHeaderTexts,
@@ -39,6 +39,10 @@ from .rows import (
 )
 from .sql import render
 from .sql import sqlite as sql
+
+#: Marks a kept connection whose busy handler is off: its writes wait by
+#: :func:`~sqlmq.sqlite_connections.retry_refused` instead.
+_NO_BUSY_WAIT = "sqlmq_no_busy_wait"
 
 
 class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
@@ -129,13 +133,27 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         and COMMIT take three (and a pool checkout a rollback more)."""
         conn = await self._checkout()
         try:
+            if not conn.info.get(_NO_BUSY_WAIT):
+                await (await driver_connection(conn)).execute(NO_BUSY_WAIT)
+                conn.info[_NO_BUSY_WAIT] = True
             async with write_turn(self.db):
-                rows = await _fetch(conn, sql, params)
+                rows = await retry_refused(lambda: _fetch(conn, sql, params))
         except BaseException as exc:
             await self._discard(conn, exc)
             raise
         await self._checkin(conn)
         return rows
+
+    async def _release(self, conn: AsyncConnection) -> None:
+        """A kept connection goes back to the pool with SQLite's busy handler on again, as
+        the pool's other users (reads outside a write transaction) expect it."""
+        if conn.info.pop(_NO_BUSY_WAIT, None):
+            try:
+                await (await driver_connection(conn)).execute(BUSY_WAIT)
+            except Exception:
+                await discard(conn)
+                return
+        await conn.close()
 
     async def publish_leased(self, message: NewMessage, lease: float) -> Delivery | None:
         """Publish one message already acquired, for a subscriber of this process; None
