@@ -4,7 +4,10 @@ Each process runs a broker with one subscriber on the defaults (``@broker.subscr
 no-op handler), as a service scaled out to several hosts or containers would. The processes
 start, open their connections and wait; the clock starts when all are told to go and stops
 when no message is left unsettled (polled every 10 ms, one primary-key descent on a
-connection of the orchestrator's own).
+connection of the orchestrator's own). Meanwhile, until the backlog is done, the
+orchestrator publishes one message at a time to the same queue every 5 ms, as another
+service would, and times each publish: on SQLite, a writer from a process of its own
+beside busy workers.
 
 Role (one JSON line per step; the orchestrator writes ``go`` then ``stop`` on stdin):
   python -m bench.processes work DB_URL PREFIX
@@ -17,16 +20,19 @@ import os
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from sqlmq import Broker
 
-from .common import PREFIX, QUEUE, ROOT, drop_tables, fresh_broker, url_for
+from .common import PAYLOAD, PREFIX, QUEUE, ROOT, drop_tables, fresh_broker, url_for
 from .drain import archived, preload
 from .latency import emit, read_json
 
 POLL = 0.01
+#: How often the orchestrator publishes a single message during the drain.
+PROBE_EVERY = 0.005
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -67,13 +73,30 @@ async def work(url: str, prefix: str) -> None:
     emit(completed=completed)
 
 
-async def remaining(broker: Broker) -> bool:
-    """Whether any message is left unsettled: the lowest id, one primary-key descent. A
-    count of the archive instead cost the database a few ms per poll, every 10 ms, in the
-    middle of the CPU the curve reports."""
+async def lowest(broker: Broker) -> int | None:
+    """The lowest id left unsettled, if any: one primary-key descent. A count of the archive
+    instead cost the database a few ms per poll, every 10 ms, in the middle of the CPU the
+    curve reports."""
     m = broker.schema.message
     async with broker.db.connect() as conn:
-        return (await conn.execute(select(m.c.id).order_by(m.c.id).limit(1))).first() is not None
+        return (await conn.execute(select(m.c.id).order_by(m.c.id).limit(1))).scalar()
+
+
+async def highest(broker: Broker) -> int:
+    m = broker.schema.message
+    async with broker.db.connect() as conn:
+        return int((await conn.execute(select(func.max(m.c.id)))).scalar_one())
+
+
+async def probe(broker: Broker, stop: asyncio.Event, took: list[float]) -> None:
+    """A single publish to the drained queue every :data:`PROBE_EVERY` seconds, as another
+    service's process would (the orchestrator is a process of its own), each one's time
+    in ``took``: how long a publisher waits beside busy workers."""
+    while not stop.is_set():
+        start = time.perf_counter()
+        await broker.publish(QUEUE, PAYLOAD)
+        took.append(time.perf_counter() - start)
+        await asyncio.sleep(PROBE_EVERY)
 
 
 def _spawn(url: str) -> subprocess.Popen[str]:
@@ -89,31 +112,47 @@ def _say(procs: list[subprocess.Popen[str]], word: str) -> None:
         p.stdin.flush()
 
 
-async def drain_processes(db: str, n: int, processes: int,
-                          timeout: float = 600) -> tuple[float, list[int], dict[str, float]]:
-    """Messages per second for ``processes`` worker processes to drain ``n``, how many each
-    completed, and where the CPU went meanwhile (in cores: the whole machine, the worker
-    processes together, the rest, which is the database and this orchestrator)."""
+class Drained(NamedTuple):
+    rate: float  # messages per second, the probes' included
+    shares: list[int]  # how many each process completed
+    cpu: dict[str, float]  # in cores: the whole machine, the worker processes, the rest
+    publishes: list[float]  # the probes' single publishes, seconds each
+
+
+async def drain_processes(db: str, n: int, processes: int, timeout: float = 600) -> Drained:
+    """``processes`` worker processes drain ``n`` messages, and the single publishes of
+    :func:`probe` until the ``n`` are done (the rest is the database and this
+    orchestrator)."""
     broker = await fresh_broker(db)
     url = url_for(db)
     procs: list[subprocess.Popen[str]] = []
+    probing: asyncio.Task[None] | None = None
     try:
         await preload(broker, n)
+        last = await highest(broker)
         procs = [_spawn(url) for _ in range(processes)]
         for p in procs:
             await asyncio.to_thread(read_json, p, "ready", 60)
         busy0, total0 = machine_ticks()
         workers0 = sum(process_ticks(p.pid) for p in procs)
+        stop, took = asyncio.Event(), []
         start = time.perf_counter()
         _say(procs, "go")
-        while await remaining(broker):
+        probing = asyncio.create_task(probe(broker, stop, took))
+        while (low := await lowest(broker)) is not None:
+            if low > last and not stop.is_set():  # the backlog is done: no more probes
+                stop.set()
+                await probing
             if time.perf_counter() - start > timeout:
                 raise RuntimeError(f"{processes} processes left messages after "
                                    f"{timeout:.0f} s")
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("a worker process ended before the drain did")
             await asyncio.sleep(POLL)
+        stop.set()
+        await probing
         elapsed = time.perf_counter() - start
+        n += len(took)
         busy1, total1 = machine_ticks()
         workers = (sum(process_ticks(p.pid) for p in procs) - workers0) / TICK / elapsed
         cores = os.cpu_count() or 1
@@ -126,8 +165,10 @@ async def drain_processes(db: str, n: int, processes: int,
             p.wait(30)
         if sum(shares) != n or await archived(broker) != n:
             raise RuntimeError(f"processes completed {sum(shares)} of {n} messages ({shares})")
-        return n / elapsed, shares, cpu
+        return Drained(n / elapsed, shares, cpu, took)
     finally:
+        if probing is not None:
+            probing.cancel()
         for p in procs:
             p.kill()
         await broker.close()

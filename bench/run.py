@@ -28,7 +28,7 @@ import time
 from functools import partial
 from typing import Any
 
-from .common import DATABASES, median, table
+from .common import DATABASES, median, percentile, table
 
 DEFAULT_N = 100_000
 
@@ -416,33 +416,38 @@ def _channel_cases(given: str) -> list[str]:
 # ---- processes curve -----------------------------------------------------------------------
 
 def run_processes(args: argparse.Namespace) -> str:
-    from .processes import drain_processes
+    from .processes import PROBE_EVERY, Drained, drain_processes
 
     out = []
     for db in dbs(args):
         counts = _ints(args.processes)
-        got: dict[int, list[tuple[float, list[int], dict[str, float]]]] = {c: [] for c in counts}
+        got: dict[int, list[Drained]] = {c: [] for c in counts}
         for r in range(args.repeat):  # rounds, so that every count sees the same noise
             for c in counts:
                 got[c].append(asyncio.run(drain_processes(db, args.n, c)))
-                _log(f"{db} round {r + 1} processes={c}: {got[c][-1][0]:,.0f} msg/s, "
-                     f"shares {got[c][-1][1]}, cpu {got[c][-1][2]}")
-        one = median([g[0] for g in got[counts[0]]])
+                _log(f"{db} round {r + 1} processes={c}: {got[c][-1].rate:,.0f} msg/s, "
+                     f"shares {got[c][-1].shares}, cpu {got[c][-1].cpu}")
+        one = median([g.rate for g in got[counts[0]]])
         rows = []
         for c in counts:
-            rates = [g[0] for g in got[c]]
-            cpu = {k: median([g[2][k] for g in got[c]]) for k in ("machine", "workers", "rest")}
-            shares = got[c][len(got[c]) // 2][1]
+            rates = [g.rate for g in got[c]]
+            cpu = {k: median([g.cpu[k] for g in got[c]]) for k in ("machine", "workers", "rest")}
+            shares = got[c][len(got[c]) // 2].shares
+            took = sorted(t * 1000 for g in got[c] for t in g.publishes)
             rows.append([c, median(rates), min(rates), max(rates),
                          f"{median(rates) / one:.2f}x", f"{cpu['machine']:.2f}",
                          f"{cpu['workers']:.2f}", f"{cpu['rest']:.2f}",
-                         " / ".join(f"{100 * x / sum(shares):.0f}%" for x in shares)])
+                         " / ".join(f"{100 * x / sum(shares):.0f}%" for x in shares),
+                         f"{percentile(took, 50):.2f} / {percentile(took, 99):.1f} / "
+                         f"{took[-1]:.1f}"])
         out.append(table(
             f"processes curve on {db}: {args.n:,} messages drained by N processes, each one "
             f"subscriber on the defaults, no-op handler, median of {args.repeat} rounds; CPU "
-            f"in cores of {os.cpu_count()} (the rest: the database and the orchestrator)",
+            f"in cores of {os.cpu_count()} (the rest: the database and the orchestrator); a "
+            f"single publish from the orchestrator every {PROBE_EVERY * 1000:.0f} ms while "
+            f"the backlog lasts, its ms (all rounds)",
             ["processes", "msg/s", "min", "max", "vs 1", "CPU all", "CPU workers",
-             "CPU rest", "share per process"], rows))
+             "CPU rest", "share per process", "publish p50 / p99 / max"], rows))
     return "\n\n".join(out)
 
 
