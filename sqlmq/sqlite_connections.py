@@ -18,6 +18,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine as SyncEngine
 from sqlalchemy.exc import DBAPIError
 
+from .sqlite_waiters import Waiters
+
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -34,6 +36,8 @@ def prepare_sqlite(engine: SyncEngine) -> None:
     and then race to upgrade their locks; taking the write lock up front makes acquire
     exclusive instead.
     """
+
+    waiters = engine.__dict__[_WAITERS] = Waiters(engine.url.database or "")
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
@@ -53,7 +57,7 @@ def prepare_sqlite(engine: SyncEngine) -> None:
             return
         if engine.dialect.is_async:
             _take_write_turn(engine, conn.connection.info)
-        _begin_immediate(conn.connection.driver_connection, engine.dialect.is_async)
+        _begin_immediate(conn.connection.driver_connection, engine.dialect.is_async, waiters)
 
     if engine.dialect.is_async:
         @event.listens_for(engine, "commit")
@@ -123,31 +127,39 @@ def _wrapped(exc: Exception, statement: str) -> Exception:
     return DBAPIError.instance(statement, None, exc, sqlite3.Error)
 
 
-def _begin_immediate(driver: Any, is_async: bool) -> None:
+def _begin_immediate(driver: Any, is_async: bool, waiters: Waiters | None = None) -> None:
     """``BEGIN IMMEDIATE``, tried again every millisecond or two while another process
-    writes (see :func:`_pauses`), not left to the busy handler."""
+    writes (see :func:`_pauses`), not left to the busy handler; after letting writers of
+    other processes that wait go first (:mod:`sqlmq.sqlite_waiters`)."""
 
     def attempt() -> None:
         # A script commits a transaction left open first; a plain BEGIN refuses, as it
         # should (a connection cannot be in a transaction here unless something is wrong).
         statement = driver.execute if driver.in_transaction else driver.executescript
         script = "BEGIN IMMEDIATE" if driver.in_transaction else _BEGIN_NOW
-        if is_async:
-            from sqlalchemy.util import await_only
+        try:
+            if is_async:
+                from sqlalchemy.util import await_only
 
-            await_only(statement(script))
-        else:
-            statement(script)
+                await_only(statement(script))
+            else:
+                statement(script)
+        except sqlite3.Error as exc:
+            raise _wrapped(exc, "BEGIN IMMEDIATE") from exc
 
+    def sleep(seconds: float) -> None:
+        _sleep(seconds, is_async)
+
+    if waiters is not None:
+        waiters.step_back(sleep)
     try:
-        for pause in _pauses():
-            try:
-                attempt()
-                return
-            except sqlite3.Error as exc:
-                if not refused(exc):
-                    raise _wrapped(exc, "BEGIN IMMEDIATE") from exc
-            _sleep(pause, is_async)
+        if _tried(attempt):
+            return
+        with _waiting(waiters):
+            for pause in _pauses():
+                sleep(pause)
+                if _tried(attempt):
+                    return
         raise _locked_too_long("BEGIN IMMEDIATE")
     except BaseException:
         # A refusal stopped the script before its last statement: the busy handler is off
@@ -162,20 +174,52 @@ def _begin_immediate(driver: Any, is_async: bool) -> None:
         raise
 
 
-async def retry_refused(write: Callable[[], Awaitable[T]]) -> T:
+def _tried(attempt: Callable[[], None]) -> bool:
+    """Whether ``attempt`` wrote (False: SQLite refused it the lock; other errors raise)."""
+    try:
+        attempt()
+    except Exception as exc:
+        if not refused(exc):
+            raise
+        return False
+    return True
+
+
+def _waiting(waiters: Waiters | None) -> contextlib.AbstractContextManager[None]:
+    return waiters.waiting() if waiters is not None else contextlib.nullcontext()
+
+
+async def retry_refused(write: Callable[[], Awaitable[T]], waiters: Waiters | None = None,
+                        ) -> T:
     """Run ``write``, one statement committing by itself on a connection whose busy handler
-    is off (:data:`NO_BUSY_WAIT`), again each time SQLite refuses it the write lock: a
-    refused statement has written nothing. See :func:`_pauses`."""
-    statement = ""
-    for pause in _pauses():
-        try:
-            return await write()
-        except Exception as exc:
-            if not refused(exc):
-                raise
-            statement = getattr(exc, "statement", None) or statement
-        await asyncio.sleep(pause)
+    is off (:data:`NO_BUSY_WAIT`), again each time SQLite refuses it the write lock (a
+    refused statement has written nothing), made known meanwhile as a waiting writer. See
+    :func:`_pauses`."""
+    try:
+        return await write()
+    except Exception as exc:
+        if not refused(exc):
+            raise
+        statement = getattr(exc, "statement", None) or ""
+    with _waiting(waiters):
+        for pause in _pauses():
+            await asyncio.sleep(pause)
+            try:
+                return await write()
+            except Exception as exc:
+                if not refused(exc):
+                    raise
     raise _locked_too_long(statement)
+
+
+def waiters_of(engine: AsyncEngine) -> Waiters | None:
+    """The engine's view of the writers of other processes waiting for its file's lock
+    (None for an engine :func:`prepare_sqlite` did not set up)."""
+    waiters: Waiters | None = engine.sync_engine.__dict__.get(_WAITERS)
+    return waiters
+
+
+_WAITERS = "sqlmq_waiters"
 
 
 def refused(exc: BaseException) -> bool:

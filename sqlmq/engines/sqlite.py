@@ -23,7 +23,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..records import Delivery, NewMessage, NewMessages, Settlement
-from ..sqlite_connections import BUSY_WAIT, NO_BUSY_WAIT, retry_refused, write_turn
+from ..sqlite_connections import (
+    BUSY_WAIT,
+    NO_BUSY_WAIT,
+    retry_refused,
+    waiters_of,
+    write_turn,
+)
 from .base import ARCHIVING, RETURNING, ArchiveAndStatsMixin, SqlEngine
 from .kept_connections import discard, driver_connection
 from .rows import (
@@ -137,7 +143,8 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
                 await (await driver_connection(conn)).execute(NO_BUSY_WAIT)
                 conn.info[_NO_BUSY_WAIT] = True
             async with write_turn(self.db):
-                rows = await retry_refused(lambda: _fetch(conn, sql, params))
+                rows = await retry_refused(lambda: _fetch(conn, sql, params),
+                                           waiters_of(self.db))
         except BaseException as exc:
             await self._discard(conn, exc)
             raise

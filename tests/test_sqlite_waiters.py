@@ -1,0 +1,125 @@
+"""Writers waiting for an SQLite file's write lock, made known to the writer about to take it
+(``sqlmq/sqlite_waiters.py``): by a shared ``flock`` on a file beside the database, seen
+from another engine's descriptor, or another process's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from sqlmq import Broker
+from sqlmq.sqlite_connections import waiters_of
+from sqlmq.sqlite_waiters import _LOOK_EVERY, STEP_BACK, Waiters
+
+
+def test_a_waiting_writer_is_seen_by_another_engine_until_it_is_in(tmp_path: Path) -> None:
+    database = str(tmp_path / "q.db")
+    holder, waiter = Waiters(database), Waiters(database)
+    assert not holder.others()
+    with waiter.waiting():
+        assert holder.others()
+    assert not holder.others()
+    assert Path(database + "-sqlmq").exists()
+
+
+def test_stepping_back_ends_once_the_waiting_writer_is_in(tmp_path: Path) -> None:
+    database = str(tmp_path / "q.db")
+    holder, waiter = Waiters(database), Waiters(database)
+    waits = waiter.waiting()
+    waits.__enter__()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            waits.__exit__(None, None, None)  # the waiting writer has the lock now
+
+    holder.step_back(sleep)
+    assert slept == [_LOOK_EVERY] * 3
+
+
+def test_stepping_back_is_bounded_when_the_waiting_writer_never_gets_in(
+    tmp_path: Path,
+) -> None:
+    database = str(tmp_path / "q.db")
+    holder, waiter = Waiters(database), Waiters(database)
+    slept: list[float] = []
+    with waiter.waiting():
+        holder.step_back(lambda seconds: (slept.append(seconds), time.sleep(seconds)))
+    assert slept  # it stepped back, and came back by itself after STEP_BACK
+    assert len(slept) <= STEP_BACK / _LOOK_EVERY + 1
+
+
+def test_nobody_steps_back_for_nothing(tmp_path: Path) -> None:
+    holder = Waiters(str(tmp_path / "q.db"))
+    holder.step_back(lambda seconds: pytest.fail("stepped back with nobody waiting"))
+
+
+def _wait_in_child(database: str, ready: multiprocessing.Event,  # type: ignore[valid-type]
+                   done: multiprocessing.Event) -> None:  # type: ignore[valid-type]
+    with Waiters(database).waiting():
+        ready.set()  # type: ignore[attr-defined]
+        done.wait(30)  # type: ignore[attr-defined]
+
+
+def test_a_writer_waiting_in_another_process_is_seen_and_a_forked_child_opens_its_own(
+    tmp_path: Path,
+) -> None:
+    database = str(tmp_path / "q.db")
+    parent = Waiters(database)
+    assert not parent.others()  # opened here, before the fork
+    forks = multiprocessing.get_context("fork")
+    ready, done = forks.Event(), forks.Event()
+    child = forks.Process(target=_wait_in_child, args=(database, ready, done))
+    child.start()
+    try:
+        assert ready.wait(30)
+        assert parent.others()
+    finally:
+        done.set()
+        child.join(30)
+    assert child.exitcode == 0
+    assert not parent.others()  # a process's lock goes with it
+
+
+def test_a_file_that_cannot_be_made_leaves_writers_waiting_on_their_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="sqlmq")
+    waiters = Waiters(str(tmp_path / "no such directory" / "q.db"))
+    assert not waiters.others()
+    with waiters.waiting():
+        pass
+    waiters.step_back(lambda seconds: pytest.fail("stepped back with nobody waiting"))
+    assert "cannot be made known" in caplog.text
+    assert caplog.text.count("cannot be made known") == 1
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_a_refused_single_publish_is_made_known_while_it_waits(
+    broker: Broker, db_url: str,
+) -> None:
+    path = db_url.removeprefix("sqlite:///")
+    await broker.publish("jobs", "first")
+    watcher = Waiters(path)
+    holder = sqlite3.connect(path, isolation_level=None, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        writer = asyncio.create_task(broker.publish("jobs", "waited"))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if watcher.others():
+                break
+        assert watcher.others(), "the waiting publish was not made known"
+    finally:
+        holder.commit()
+        holder.close()
+    await asyncio.wait_for(writer, 10)
+    assert not watcher.others()
+    assert waiters_of(broker.db) is not None
