@@ -139,8 +139,9 @@ async def drain_processes(db: str, n: int, processes: int, timeout: float = 600)
         start = time.perf_counter()
         _say(procs, "go")
         probing = asyncio.create_task(probe(broker, stop, took))
-        while (low := await lowest(broker)) is not None:
-            if low > last and not stop.is_set():  # the backlog is done: no more probes
+        # Done when nothing is left once the probes have stopped (they stop with the backlog).
+        while (low := await lowest(broker)) is not None or not stop.is_set():
+            if (low is None or low > last) and not stop.is_set():
                 stop.set()
                 await probing
             if time.perf_counter() - start > timeout:
@@ -149,8 +150,6 @@ async def drain_processes(db: str, n: int, processes: int, timeout: float = 600)
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("a worker process ended before the drain did")
             await asyncio.sleep(POLL)
-        stop.set()
-        await probing
         elapsed = time.perf_counter() - start
         n += len(took)
         busy1, total1 = machine_ticks()

@@ -27,10 +27,13 @@ T = TypeVar("T")
 
 #: Execution option marking a connection that only reads (SQLite then skips the write lock).
 READ_ONLY = "sqlmq_read_only"
+#: Where an engine set up by :func:`prepare_sqlite` keeps its :class:`Waiters`.
+_WAITERS = "sqlmq_waiters"
 
 
 def prepare_sqlite(engine: SyncEngine) -> None:
-    """WAL, a long busy timeout, and ``BEGIN IMMEDIATE`` for every transaction.
+    """WAL, a long busy timeout, and ``BEGIN IMMEDIATE`` for every writing transaction,
+    taken in the engine's write turn and after letting other processes' waiting writers in.
 
     The driver's own deferred BEGIN would let two processes both read a message as ready
     and then race to upgrade their locks; taking the write lock up front makes acquire
@@ -219,9 +222,6 @@ def waiters_of(engine: AsyncEngine) -> Waiters | None:
     return waiters
 
 
-_WAITERS = "sqlmq_waiters"
-
-
 def refused(exc: BaseException) -> bool:
     """Whether ``exc`` (the driver's, or SQLAlchemy's around it) is SQLite refusing the
     write lock, held by another connection."""
@@ -293,8 +293,8 @@ def _sleep(seconds: float, is_async: bool) -> None:
 # Within a process, waiting on SQLite's busy handler is slow: it sleeps 1, 2, 5, 10 ... ms
 # between tries, whereas the writer it waits for usually finishes in well under one. So
 # the engine's own writers (publish, acquire, settle in one broker) queue on an asyncio lock
-# and start the moment the previous one ends its transaction. The busy timeout still
-# governs other processes and other engines on the same file.
+# and start the moment the previous one ends its transaction. Writers of other processes and
+# other engines on the same file wait by :func:`_pauses` and :mod:`sqlmq.sqlite_waiters`.
 _TURN = "sqlmq_write_turn"
 _TURN_TIMEOUT = 60.0
 
