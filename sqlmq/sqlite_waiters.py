@@ -12,18 +12,22 @@ So a refused writer holds a shared ``flock`` on a file beside the database (its 
 ``-sqlmq`` added) while it waits, and a writer about to take the lock first checks for one
 (an exclusive ``flock`` that would block) and, if one waits, steps back until it is in,
 for a few milliseconds at most. A process that dies lets go of its lock with its files.
-Where the file cannot be opened (a read-only directory), nobody is made known and writers
-wait as before.
+Where the file cannot be opened (a read-only directory), or there is no ``flock`` (Windows),
+nobody is made known and writers wait as before.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: writers there wait each on its own
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("sqlmq")
 
@@ -42,7 +46,7 @@ class Waiters:
         self._path = f"{database}-sqlmq"
         self._fd: int | None = None
         self._pid = 0
-        self._broken = False
+        self._broken = fcntl is None
 
     def _file(self) -> int | None:
         """The file's descriptor for this process: a forked child opens its own, as a lock

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlmq import Broker
+from sqlmq import Broker, sqlite_waiters
 from sqlmq.sqlite_connections import waiters_of
 from sqlmq.sqlite_waiters import _LOOK_EVERY, STEP_BACK, Waiters
 
@@ -123,3 +123,13 @@ async def test_a_refused_single_publish_is_made_known_while_it_waits(
     await asyncio.wait_for(writer, 10)
     assert not watcher.others()
     assert waiters_of(broker.db) is not None
+
+
+def test_without_flock_nobody_is_made_known_and_no_file_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sqlite_waiters, "fcntl", None)
+    waiters = Waiters(str(tmp_path / "q.db"))
+    with waiters.waiting():
+        assert not waiters.others()
+    assert not (tmp_path / "q.db-sqlmq").exists()
