@@ -124,23 +124,12 @@ class ControlStatements:
         notify = self._dead_letter_statement(msg_id, deliveries, State.CANCELLED.value)
         if notify is not None:
             await conn.execute(notify)
-        if not keep:
-            await conn.execute(delete(m).where(m.c.id == msg_id))
-            return
-        src = select(
-            m.c.id, m.c.queue, m.c.headers, m.c.payload, literal(State.CANCELLED.value),
-            m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
-            m.c.last_attempt_at, _NOW, literal(error),
-            literal(history, m.c.history.type) if history is not None else m.c.history,
-            m.c.priority, m.c.channel,
-        ).where(m.c.id == msg_id)
-        if deliveries is not None:
-            src = src.where(m.c.deliveries_count == deliveries)
-        await conn.execute(insert(a).from_select(
-            ["id", "queue", "headers", "payload", "state", "attempts_count",
-             "deliveries_count", "created_at", "first_attempt_at", "last_attempt_at",
-             "archived_at", "error", "history", "priority", "channel"], src))
-        await conn.execute(delete(m).where(m.c.id == msg_id))
+        if keep:
+            params = {"p_id": msg_id, "p_error": error, "p_deliveries": deliveries,
+                      "p_history": history}
+            await conn.execute(_cancelled_copy(m, a, deliveries is not None,
+                                               history is not None), params)
+        await conn.execute(_drop(m), {"p_id": msg_id})
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,6 +159,31 @@ def _defer(m: Table, at: bool, history: bool) -> Any:
         saved_state=bindparam("p_state", type_=m.c.saved_state.type),
         defers_count=m.c.defers_count + 1,
         history=bindparam("p_history", type_=m.c.history.type) if history else m.c.history)
+
+
+@functools.lru_cache(maxsize=64)
+def _cancelled_copy(m: Table, a: Table, fenced: bool, history: bool) -> Any:
+    """Row ``p_id`` copied into the archive as CANCELLED with error ``p_error``, if delivery
+    ``p_deliveries`` still holds it (``fenced``), with history ``p_history`` (``history``,
+    else its own). Built once, as :func:`_defer` is."""
+    src = select(
+        m.c.id, m.c.queue, m.c.headers, m.c.payload, literal(State.CANCELLED.value),
+        m.c.attempts_count, m.c.deliveries_count, m.c.created_at, m.c.first_attempt_at,
+        m.c.last_attempt_at, _NOW, bindparam("p_error", type_=a.c.error.type),
+        bindparam("p_history", type_=m.c.history.type) if history else m.c.history,
+        m.c.priority, m.c.channel,
+    ).where(m.c.id == bindparam("p_id"))
+    if fenced:
+        src = src.where(m.c.deliveries_count == bindparam("p_deliveries"))
+    return insert(a).from_select(
+        ["id", "queue", "headers", "payload", "state", "attempts_count", "deliveries_count",
+         "created_at", "first_attempt_at", "last_attempt_at", "archived_at", "error",
+         "history", "priority", "channel"], src)
+
+
+@functools.lru_cache(maxsize=64)
+def _drop(m: Table) -> Any:
+    return delete(m).where(m.c.id == bindparam("p_id"))
 
 
 def _history(value: Any) -> list[dict[str, Any]]:
