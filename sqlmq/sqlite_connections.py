@@ -40,7 +40,7 @@ def prepare_sqlite(engine: SyncEngine) -> None:
     exclusive instead.
     """
 
-    waiters = engine.__dict__[_WAITERS] = Waiters(engine.url.database or "")
+    waiters = engine.__dict__[_WAITERS] = Waiters(engine.url.database)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:

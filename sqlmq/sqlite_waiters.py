@@ -42,11 +42,12 @@ class Waiters:
     """One database file's waiting writers, as seen from one engine of one process (an
     engine's own writers take turns already, see :mod:`sqlmq.sqlite_connections`)."""
 
-    def __init__(self, database: str) -> None:
-        self._path = f"{database}-sqlmq"
+    def __init__(self, database: str | None) -> None:
+        # Absolute: the database file is opened relative to the directory of that moment.
+        self._path = f"{os.path.abspath(database)}-sqlmq" if database else ""
         self._fd: int | None = None
         self._pid = 0
-        self._broken = fcntl is None
+        self._broken = fcntl is None or not database  # no file (in memory): no other process
 
     def _file(self) -> int | None:
         """The file's descriptor for this process: a forked child opens its own, as a lock

@@ -133,3 +133,26 @@ def test_without_flock_nobody_is_made_known_and_no_file_is_made(
     with waiters.waiting():
         assert not waiters.others()
     assert not (tmp_path / "q.db-sqlmq").exists()
+
+
+def test_a_database_without_a_file_has_no_waiters_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for database in (None, ""):
+        waiters = Waiters(database)
+        with waiters.waiting():
+            assert not waiters.others()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_path_is_taken_from_the_directory_of_the_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    holder = Waiters("q.db")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with Waiters(str(tmp_path / "q.db")).waiting():
+        assert holder.others()
+    assert (tmp_path / "q.db-sqlmq").exists()
