@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 try:
@@ -38,6 +39,11 @@ STEP_BACK = 0.005
 _LOOK_EVERY = 0.0002
 
 
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 class Waiters:
     """One database file's waiting writers, as seen from one engine of one process (an
     engine's own writers take turns already, see :mod:`sqlmq.sqlite_connections`)."""
@@ -46,6 +52,7 @@ class Waiters:
         # Absolute: the database file is opened relative to the directory of that moment.
         self._path = f"{os.path.abspath(database)}-sqlmq" if database else ""
         self._fd: int | None = None
+        self._closer: weakref.finalize[..., None] | None = None  # closes _fd
         self._pid = 0
         self._broken = fcntl is None or not database  # no file (in memory): no other process
 
@@ -56,9 +63,9 @@ class Waiters:
             return None
         if self._fd is not None and self._pid == os.getpid():
             return self._fd
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
+        if self._closer is not None:  # a forked child: the descriptor is its parent's too
+            self._closer.detach()
+            _close(self._fd)  # type: ignore[arg-type]
             self._fd = None
         try:
             self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -68,6 +75,8 @@ class Waiters:
             self._broken = True
             return None
         self._pid = os.getpid()
+        # Closed with its engine: a process that makes and drops engines keeps none open.
+        self._closer = weakref.finalize(self, _close, self._fd)
         return self._fd
 
     def others(self) -> bool:

@@ -5,8 +5,11 @@ from another engine's descriptor, or another process's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import multiprocessing
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -156,3 +159,23 @@ def test_a_relative_path_is_taken_from_the_directory_of_the_set_up(
     with Waiters(str(tmp_path / "q.db")).waiting():
         assert holder.others()
     assert (tmp_path / "q.db-sqlmq").exists()
+
+
+def test_the_waiters_file_is_closed_with_its_engine(tmp_path: Path) -> None:
+    """A process that makes and drops brokers keeps no descriptor of theirs open (the test
+    suite made one per SQLite test, hundreds per worker process)."""
+    def open_files() -> set[str]:
+        opened = set()
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                opened.add(os.readlink(f"/proc/self/fd/{fd}"))
+        return opened
+
+    waiters = [Waiters(str(tmp_path / f"q{i}.db")) for i in range(20)]
+    for w in waiters:
+        w.others()
+    files = {str(tmp_path / f"q{i}.db-sqlmq") for i in range(20)}
+    assert files <= open_files()
+    del waiters, w
+    gc.collect()
+    assert not files & open_files()
