@@ -68,7 +68,9 @@ class Waiters:
             _close(self._fd)  # type: ignore[arg-type]
             self._fd = None
         try:
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Read-only: a flock needs no more, and processes of other users (a web server's
+            # beside the workers') can open what one of them made.
+            self._fd = os.open(self._path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             log.info("sqlmq: writers of other processes waiting for %s cannot be made "
                      "known (%s); each waits for the lock on its own", self._path, exc)

@@ -10,9 +10,12 @@ import gc
 import logging
 import multiprocessing
 import os
+import shutil
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +182,33 @@ def test_the_waiters_file_is_closed_with_its_engine(tmp_path: Path) -> None:
     del waiters, w
     gc.collect()
     assert not files & open_files()
+
+
+def _sees_waiter_as_another_user(database: str, answer: Any) -> None:
+    if os.geteuid() == 0:
+        os.setuid(65534)  # nobody: the file is root's, 0644
+    answer.put(Waiters(database).others())
+
+
+def test_a_waiters_file_another_user_made_still_serves(tmp_path: Path) -> None:
+    """Processes of other users share the file one of them made (0644, or 0444 here when
+    not run as root): a descriptor opened for reading takes a flock all the same."""
+    shared = Path(tempfile.mkdtemp())  # /tmp, not pytest's 0700 directory
+    try:
+        shared.chmod(0o755)
+        database = str(shared / "q.db")
+        waiter = Waiters(database)
+        with waiter.waiting():
+            if os.geteuid() != 0:
+                os.chmod(database + "-sqlmq", 0o444)
+            forks = multiprocessing.get_context("fork")
+            answer = forks.Queue()
+            child = forks.Process(target=_sees_waiter_as_another_user,
+                                  args=(database, answer))
+            child.start()
+            seen = answer.get(timeout=30)
+            child.join(30)
+        assert child.exitcode == 0
+        assert seen is True
+    finally:
+        shutil.rmtree(shared)
