@@ -141,12 +141,7 @@ def _begin_immediate(driver: Any, is_async: bool, waiters: Waiters | None = None
         statement = driver.execute if driver.in_transaction else driver.executescript
         script = "BEGIN IMMEDIATE" if driver.in_transaction else _BEGIN_NOW
         try:
-            if is_async:
-                from sqlalchemy.util import await_only
-
-                await_only(statement(script))
-            else:
-                statement(script)
+            _done(statement(script), is_async)
         except sqlite3.Error as exc:
             raise _wrapped(exc, "BEGIN IMMEDIATE") from exc
 
@@ -168,13 +163,18 @@ def _begin_immediate(driver: Any, is_async: bool, waiters: Waiters | None = None
         # A refusal stopped the script before its last statement: the busy handler is off
         # still, and reads outside a write transaction want it.
         with contextlib.suppress(Exception):
-            if is_async:
-                from sqlalchemy.util import await_only
-
-                await_only(driver.execute(BUSY_WAIT))
-            else:
-                driver.execute(BUSY_WAIT)
+            _done(driver.execute(BUSY_WAIT), is_async)
         raise
+
+
+def _done(call: Any, is_async: bool) -> Any:
+    """A driver call's result: aiosqlite's, a coroutine, awaited from SQLAlchemy's
+    greenlet; sqlite3's as it is."""
+    if not is_async:
+        return call
+    from sqlalchemy.util import await_only
+
+    return await_only(call)
 
 
 def _tried(attempt: Callable[[], None]) -> bool:
