@@ -18,7 +18,7 @@ import time
 from sqlmq import Message
 
 from .common import DATABASES, QUEUE, bench_broker, table
-from .run import conditions
+from .run import standalone_args, standalone_footer
 
 MESSAGES = 4
 
@@ -61,14 +61,8 @@ async def main(args: argparse.Namespace) -> None:
                 ["database", "defers/s", "rounds"],
                 [(db, round(statistics.median(v)), " ".join(f"{x:.0f}" for x in v))
                  for db, v in results.items()]))
-    print(f"\n{conditions()}")
-    print(f"reproduce: .venv/bin/python -m bench.defers --db {args.db} --n {args.n} "
-          f"--rounds {args.rounds}")
+    print(standalone_footer("defers", args, "n"))
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
-    p.add_argument("--n", type=int, default=400)
-    p.add_argument("--rounds", type=int, default=3)
-    asyncio.run(main(p.parse_args()))
+    asyncio.run(main(standalone_args(__doc__, "n", 400)))

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from sqlmq import Broker
 
 from .common import DATABASES, PAYLOAD, QUEUE, bench_broker, table
-from .run import conditions
+from .run import standalone_args, standalone_footer
 
 Publish = Callable[[Broker, int], Awaitable[object]]
 
@@ -124,14 +124,8 @@ async def main(args: argparse.Namespace) -> None:
     print(table(f"A single publish by the way it is made, ms (median per publish of "
                 f"{args.count}, median of {args.rounds} rounds)",
                 ["database", "publish", "ms", "vs own"], rows))
-    print(f"\n{conditions()}")
-    print(f"reproduce: .venv/bin/python -m bench.publish_paths --db {args.db} "
-          f"--count {args.count} --rounds {args.rounds}")
+    print(standalone_footer("publish_paths", args, "count"))
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
-    p.add_argument("--count", type=int, default=400)
-    p.add_argument("--rounds", type=int, default=3)
-    asyncio.run(main(p.parse_args()))
+    asyncio.run(main(standalone_args(__doc__, "count", 400)))

@@ -493,6 +493,23 @@ def conditions() -> str:
             f"{', '.join(f'{x:.1f}' for x in load)}; databases on the same host")
 
 
+def standalone_args(doc: str, count: str, default: int) -> argparse.Namespace:
+    """The options of a bench module run by itself: ``--db``, its count (``--{count}``) and
+    ``--rounds``; its docstring's first paragraph as the description."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
+    p.add_argument(f"--{count}", type=int, default=default)
+    p.add_argument("--rounds", type=int, default=3)
+    return p.parse_args()
+
+
+def standalone_footer(module: str, args: argparse.Namespace, count: str) -> str:
+    """What follows a standalone module's table: the machine, and the command that
+    reproduces it (options from :func:`standalone_args`)."""
+    return (f"\n{conditions()}\nreproduce: .venv/bin/python -m bench.{module} --db {args.db} "
+            f"--{count} {getattr(args, count)} --rounds {args.rounds}")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
