@@ -266,6 +266,18 @@ def _v16(conn: Connection, schema: Schema) -> None:
         conn.execute(AddColumn(c.c.size_bound))
 
 
+def _v17(conn: Connection, schema: Schema) -> None:
+    """The limited channels' pick index without the messages of channels without limits,
+    where an index can be partial (PostgreSQL, SQLite; see
+    :func:`~sqlmq.schema.channel_due_index`): made anew. MySQL and MariaDB keep theirs."""
+    index = channel_due_index_of(schema)
+    if index.dialect_kwargs.get(f"{conn.dialect.name}_where") is None:
+        return  # a whole index on this database: nothing changed
+    if index.name in {ix["name"] for ix in inspect(conn).get_indexes(schema.message.name)}:
+        index.drop(conn)
+    index.create(conn)
+
+
 def _create_missing(conn: Connection, schema: Schema, *indexes: Index) -> None:
     """Create those of the message table's ``indexes`` it does not have yet (a migration
     looks before it acts, as version 3)."""
@@ -291,7 +303,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
-    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16}
+    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

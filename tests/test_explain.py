@@ -387,3 +387,38 @@ async def _handler_reads(conn: Any) -> int:
         "'Handler_read_key', 'Handler_read_last', 'Handler_read_next', "
         "'Handler_read_prev', 'Handler_read_rnd', 'Handler_read_rnd_next')")
     return sum(int(v) for _, v in rows.all())
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
+async def test_the_limited_pick_reads_its_partial_index_in_order(broker: Broker) -> None:
+    """The limited channels' pick reads each channel's next messages from the index
+    ``(channel, priority DESC, channel_due_at, id)``, partial on ``fair_key IS NULL`` since
+    schema version 17, in order and cut at ``most``: never the index ``(channel, fair_key,
+    id)``, which matches the condition by both its columns but holds the channel's messages
+    in id order, so that its whole backlog is sorted (SQLite chose it, with statistics and
+    without, until the condition was marked ``likely()``)."""
+    from sqlalchemy import text
+
+    await broker.set_channel_default("q", max_concurrency=2)
+    await broker.set_channel_default("o", ordered=True)
+    for i in range(20):
+        await broker.publish_batch("q", [b"x"] * 300, channel=f"c{i}")
+        await broker.publish_batch("o", [b"x"] * 300, channel=f"o{i}")
+    (urgent,) = await broker.publish_batch("q", [b"u"], channel="c3", priority=5)
+    m = broker.schema.message.name
+    async with broker.db.begin() as conn:
+        await conn.execute(text(f"ANALYZE {m}"))
+    statement, params = broker.engine._channel_sql.due_of(["c3", "c4"])
+    bound = statement.params(**params, queues=["q"], most=2)
+    async with broker.db.connect() as conn:
+        sql = str(bound.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        if conn.dialect.name == "sqlite":
+            plan = " | ".join(r[3] for r in await conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN " + sql))
+        else:
+            plan = " | ".join(r[0] for r in await conn.exec_driver_sql("EXPLAIN " + sql))
+        rows = (await conn.exec_driver_sql(sql)).all()
+    assert f"ix_{m}_channel_due" in plan and f"ix_{m}_channel_key" not in plan, plan
+    first = {(r.channel, r.rn): r.id for r in rows}
+    assert sorted(first) == [("c3", 1), ("c3", 2), ("c4", 1), ("c4", 2)]
+    assert first["c3", 1] == urgent

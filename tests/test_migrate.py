@@ -64,7 +64,8 @@ async def test_a_fresh_schema_made_at_once_is_the_one_the_steps_make(
                 sorted((c["name"], str(c["type"]), c["nullable"])
                        for c in look.get_columns(t.name)),
                 sorted((ix["name"].replace(schema.prefix, "", 1), ix["column_names"],
-                        bool(ix["unique"])) for ix in look.get_indexes(t.name)))
+                        bool(ix["unique"]), _partial(conn, ix))
+                       for ix in look.get_indexes(t.name)))
                 for t in schema.tables}
 
         shapes, versions = [], []
@@ -168,7 +169,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 16
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 17
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -275,7 +276,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 16
+        assert await broker.migrate() == SCHEMA_VERSION == 17
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -312,7 +313,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 16
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 17
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -358,7 +359,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 16
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 17
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -388,7 +389,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         a = await brokers[0].publish_batch("q", [b"a"] * (q + 1), channel="a")
         (b1,) = await brokers[0].publish_batch("q", [b"b1"], channel="b")
         async with brokers[0].db.begin() as conn:
-            for index in ("fair", "channel_key"):
+            for index in ("fair", "channel_key", "channel_due"):  # 14 made the last
                 await conn.execute(text(_drop_index(db_url, f"ix_{m.name}_{index}", m.name)))
             await conn.execute(text(f"ALTER TABLE {m.name} DROP COLUMN fair_key"))
             await conn.execute(text(f"ALTER TABLE {c.name} DROP COLUMN last_turn"))
@@ -397,7 +398,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 16
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 17
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -409,6 +410,13 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         for b in brokers:
             await b.close()
         drop_tables(db_url, prefix)
+
+
+def _partial(conn: Any, index: dict[str, Any]) -> str | None:
+    """A reflected index's condition (PostgreSQL and SQLite; None where it has none)."""
+    where = (index.get("dialect_options") or {}).get(f"{conn.dialect.name}_where")
+    return None if where is None else " ".join(str(where).replace("(", "").replace(
+        ")", "").split())
 
 
 def _drop_index(url: str, name: str, table: str) -> str:
@@ -446,7 +454,7 @@ async def test_version_14_brings_ordered_channels_into_the_fair_order(
                                .where(broker.schema.version.c.version >= 14))
         with pytest.raises(SchemaError, match="version 13"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 16
+        assert await broker.migrate() == SCHEMA_VERSION == 17
         await broker.check_schema()
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([by_default[0], free[0], free[1]])
@@ -485,7 +493,7 @@ async def test_version_15_gives_every_database_the_limited_channels_pick_index(
                                .where(broker.schema.version.c.version >= 15))
         with pytest.raises(SchemaError, match="version 14"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 16
+        assert await broker.migrate() == SCHEMA_VERSION == 17
         async with broker.db.connect() as conn:
             names = await conn.run_sync(
                 lambda c: {ix["name"] for ix in inspect(c).get_indexes(m.name)})
@@ -515,15 +523,62 @@ async def test_version_16_adds_the_channels_size_bound_to_a_version_15_schema(
         async with broker.db.begin() as conn:
             await conn.execute(text(f"ALTER TABLE {c.name} DROP COLUMN size_bound"))
             await conn.execute(broker.schema.version.delete()
-                               .where(broker.schema.version.c.version == 16))
+                               .where(broker.schema.version.c.version >= 16))
         with pytest.raises(SchemaError, match="version 15"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 16
+        assert await broker.migrate() == SCHEMA_VERSION == 17
         async with broker.db.connect() as conn:
             assert (await conn.execute(select(c.c.size_bound))).scalars().all() == [None]
         await broker.publish("q", b"c", channel="c")
         with pytest.raises(ChannelFull, match="'c' holds 3 messages"):
             await broker.publish("q", b"d", channel="c")
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_17_leaves_channels_without_limits_out_of_the_limited_pick_index(
+        db_url: str, prefix: str) -> None:
+    """Version 16's limited channels' pick index held every waiting channel message; 17
+    makes it anew with the messages of limited channels only (no ``fair_key``), where an
+    index can be partial, and leaves MySQL's and MariaDB's whole one as it was. Limited
+    and ordered channels are served as before, from the rows the older schema wrote."""
+    from sqlalchemy import text
+
+    broker = Broker(db_url, table_prefix=prefix)
+    m = broker.schema.message
+    name = f"ix_{m.name}_channel_due"
+    old = (f"CREATE INDEX {name} ON {m.name} (channel, priority DESC, channel_due_at, id)"
+           + ("" if db_url.startswith(("mysql", "mariadb"))
+              else " WHERE channel_due_at IS NOT NULL"))
+
+    async def condition() -> str | None:
+        async with broker.db.connect() as conn:
+            return await conn.run_sync(lambda c: next(
+                _partial(c, ix) for ix in inspect(c).get_indexes(m.name)
+                if ix["name"] == name))
+
+    try:
+        await broker.migrate()
+        await broker.set_channel_default("q", max_concurrency=1)
+        await broker.set_channel("o", ordered=True, queue="q")
+        limited = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
+        ordered = await broker.publish_batch("q", [b"o1", b"o2"], channel="o")
+        async with broker.db.begin() as conn:
+            await conn.execute(text(_drop_index(db_url, name, m.name)))
+            await conn.execute(text(old))
+            await conn.execute(broker.schema.version.delete()
+                               .where(broker.schema.version.c.version >= 17))
+        with pytest.raises(SchemaError, match="version 16"):
+            await broker.check_schema()
+        assert await broker.migrate() == SCHEMA_VERSION == 17
+        partial = await condition()
+        if db_url.startswith(("mysql", "mariadb")):
+            assert partial is None
+        else:
+            assert partial is not None and "fair_key IS NULL" in partial
+        got = await broker.engine.acquire(["q"], 10, 30)
+        assert sorted(d.id for d in got) == sorted([limited[0], ordered[0]])
     finally:
         await broker.close()
         drop_tables(db_url, prefix)
