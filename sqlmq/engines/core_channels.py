@@ -72,7 +72,14 @@ from .core_fair import (
 )
 from .core_operations import not_paused
 from .core_publish import run_flow
-from .core_room import MAKE_TRIES, default_flow, room_statements, vanished
+from .core_room import (
+    MAKE_TRIES,
+    default_columns,
+    default_flow,
+    effective,
+    room_statements,
+    vanished,
+)
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
 from .sql_lists import list_rows, listed, served_in_order
 
@@ -441,7 +448,7 @@ class ChannelAdmin:
         c, d, m = self.schema.channel, self.schema.channel_default, self.schema.message
 
         async def read(conn: AsyncConnection) -> tuple[Sequence[Any], Sequence[Any]]:
-            rows = (await conn.execute(select(c, *_default_columns(d)).select_from(
+            rows = (await conn.execute(select(c, *default_columns(d)).select_from(
                 with_default(self.schema)).order_by(c.c.name))).all()
             counts = (await conn.execute(
                 select(m.c.channel, m.c.state, func.count()).where(m.c.channel.is_not(None))
@@ -458,23 +465,6 @@ class ChannelAdmin:
                             ChannelSettings.from_row(r) if r.configured else None,
                             effective(r), waiting.get(r.name, 0), running.get(r.name, 0),
                             r.served_at) for r in rows]
-
-
-def _default_columns(d: Any) -> list[Any]:
-    return [d.c.max_concurrency.label("d_max_concurrency"), d.c.rate.label("d_rate"),
-            d.c.ordered.label("d_ordered"), d.c.max_size.label("d_max_size")]
-
-
-def effective(r: Any) -> ChannelSettings:
-    """A candidate or listed row's settings: its own if configured, else its queue's
-    default (the ``d_`` columns), else none."""
-    if r.configured:
-        return ChannelSettings.from_row(r)
-    if r.d_ordered is None:  # no default row
-        return NO_LIMITS
-    return ChannelSettings(r.d_max_concurrency,
-                           None if r.d_rate is None else float(r.d_rate),
-                           bool(r.d_ordered), r.d_max_size)
 
 
 class ChannelSql:
@@ -746,7 +736,7 @@ def _slot_limits(schema: Schema, dialect: Dialect) -> Any:
     default, as :func:`effective` reads them) and how many of their messages run."""
     c, d = schema.channel, schema.channel_default
     return (select(c.c.name, c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered,
-                   c.c.max_size, *_default_columns(d),
+                   c.c.max_size, *default_columns(d),
                    _running(schema, dialect).label("running"))
             .select_from(with_default(schema))
             .where(listed(dialect, c.c.name, "names")))
@@ -772,7 +762,7 @@ def _candidates(schema: Schema, dialect: Dialect) -> Any:
     own = c.c.configured == 1
     max_concurrency = case((own, c.c.max_concurrency), else_=d.c.max_concurrency)
     return (select(c.c.name, c.c.configured, c.c.max_concurrency, c.c.rate, c.c.ordered,
-                   c.c.max_size, c.c.next_start_at, *_default_columns(d),
+                   c.c.max_size, c.c.next_start_at, *default_columns(d),
                    _NOW.label("now"))
             .select_from(with_default(schema))
             .where(limited(c, d), due,

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..channels import freed_slots, passed_on
 from ..lifecycle import Settlement
 from ..records import Delivery
-from .core_channels import effective
+from .core_room import effective
 
 if TYPE_CHECKING:
     from datetime import datetime
