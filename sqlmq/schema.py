@@ -216,9 +216,9 @@ def channel_due_index(message: Table) -> Index:
     MariaDB before 10.8 keeps the index ascending: still right, one sort per channel.
 
     Since version 17 the partial index leaves out the messages of channels without limits
-    (those with a ``fair_key``, which the fair index serves): every take and archive of
-    theirs had this index's entry to remove too, on a page of its own per channel. On
-    SQLite, 1,000 ordered channels drained about 40 % faster without it."""
+    (those with a ``fair_key``, which the fair index serves): each of their publishes
+    wrote an entry of it and each take removed it, on a page of its own per channel. On
+    SQLite, 1,000 ordered channels drained 28-39 % faster without it."""
     c = message.c
     return Index(f"ix_{message.name}_channel_due", c.channel, c.priority.desc(),
                  c.channel_due_at, c.id,

@@ -384,13 +384,13 @@ UNION ALL SELECT id FROM moved
 # start. Each channel with only a concurrency limit starts as many of its due messages as
 # results of it landed, within the limit; no channel lock is needed, as the channel's
 # running count never grows. The statement's snapshot still sees the landed deliveries
-# running, so the room left is the limit less the count plus what landed (its messages have
-# no fair_key: the condition lets the read use the limited channels' pick index, partial on
-# it since schema version 17). Each ordered channel without other limits whose head this
-# archives starts its next message in key order (ACQUIRE_FAIR's order), if it waits, is
-# due and is not blocked: the first of the channel's rows but the archived ones (which the
-# snapshot still sees), one probe of the index (channel, fair_key, id); and lets the next
-# one in as the fair take of a head does.
+# running, so the room left is the limit less the count plus what landed (a limited
+# channel's messages have no fair_key: saying so lets the read use the limited channels'
+# pick index, partial on it since schema version 17). Each ordered channel without other
+# limits whose head this archives starts its next message in key order (ACQUIRE_FAIR's
+# order), if it waits, is due and is not blocked: the first of the channel's rows but the
+# archived ones (which the snapshot still sees), one probe of the index (channel,
+# fair_key, id); and lets the next one in as the fair take of a head does.
 # (A head put back to retry is still the first: nothing passes it.) No other process can
 # start that message meanwhile: until this commits, its head comes before it. The take
 # checks each row waits, all the same. One row per message started (or one with NULLs),
