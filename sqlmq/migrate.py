@@ -94,11 +94,11 @@ def _v4(conn: Connection, schema: Schema) -> None:
     only where it belongs (its ``ddl_if``), and an index is obsolete only where its
     replacement now exists. Looks before it acts, as version 3."""
     m = schema.message.name
-    have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
+    have = _index_names(conn, schema)
     for index in schema.message.indexes:  # the ready indexes, not those of later versions
         if index.name.startswith(f"ix_{m}_ready") and index.name not in have:
             index.create(conn)  # a no-op where its ddl_if excludes this database
-    have = {ix["name"] for ix in inspect(conn).get_indexes(m)}
+    have = _index_names(conn, schema)
     obsolete = {f"ix_{m}_due"}
     if f"ix_{m}_ready_asc" in have:
         obsolete.add(f"ix_{m}_ready")
@@ -273,7 +273,7 @@ def _v17(conn: Connection, schema: Schema) -> None:
     index = channel_due_index_of(schema)
     if index.dialect_kwargs.get(f"{conn.dialect.name}_where") is None:
         return  # a whole index on this database: nothing changed
-    if index.name in {ix["name"] for ix in inspect(conn).get_indexes(schema.message.name)}:
+    if index.name in _index_names(conn, schema):
         index.drop(conn)
     index.create(conn)
 
@@ -281,10 +281,15 @@ def _v17(conn: Connection, schema: Schema) -> None:
 def _create_missing(conn: Connection, schema: Schema, *indexes: Index) -> None:
     """Create those of the message table's ``indexes`` it does not have yet (a migration
     looks before it acts, as version 3)."""
-    present = {ix["name"] for ix in inspect(conn).get_indexes(schema.message.name)}
+    present = _index_names(conn, schema)
     for index in indexes:
         if index.name not in present:
             index.create(conn)
+
+
+def _index_names(conn: Connection, schema: Schema) -> set[str]:
+    """The names of the indexes the message table has now."""
+    return {ix["name"] for ix in inspect(conn).get_indexes(schema.message.name)}
 
 
 class AddColumn(ExecutableDDLElement):

@@ -680,13 +680,13 @@ def _due_per_channel_in_order(schema: Schema, dialect: Dialect) -> Any:
     whole backlog; told the condition is ``likely()`` (as it is), it reads this index in
     order and stops at ``most``, with or without statistics."""
     m, names = schema.message.alias("f"), list_rows(dialect, "names")
-    limited = m.c.fair_key.is_(None)
+    keyless = m.c.fair_key.is_(None)
     if dialect.name == "sqlite":
-        limited = func.likely(limited)
+        keyless = func.likely(keyless)
     first = (select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.priority)
              .where(m.c.channel == names.c.v, m.c.state.in_(_WAITING),
                     m.c.queue.in_(bindparam("queues", expanding=True)),
-                    not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW, limited)
+                    not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW, keyless)
              .order_by(m.c.priority.desc(), m.c.channel_due_at, m.c.id)
              .limit(bindparam("most", type_=Integer())))
     if dialect.name == "postgresql":
