@@ -16,6 +16,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,13 @@ def _row(page: str, queue: str) -> dict[str, str]:
     return cells
 
 
+def _without_age(row: dict[str, str]) -> dict[str, str]:
+    """``row`` (:func:`_row`) without its oldest ready message's age, in its cell or in the
+    row's markup."""
+    return {k: re.sub(r'(data-col="oldest_ready_age"[^>]*>)[^<]*', r"\1", v)
+            for k, v in row.items() if k != "oldest_ready_age"}
+
+
 def _csrf(page: str) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', page)
     assert found, "the page has no write form"
@@ -101,6 +109,7 @@ async def _post(client: httpx.AsyncClient, path: str, csrf: str, confirmed: bool
 async def test_overview_shows_each_queue_with_its_counts(broker: Broker,
                                                          client: httpx.AsyncClient) -> None:
     await _seed(broker)
+    read_at = time.monotonic()
     page = await client.get("/")
     assert page.status_code == 200
     assert page.headers["content-security-policy"].startswith("default-src 'self'")
@@ -112,7 +121,15 @@ async def test_overview_shows_each_queue_with_its_counts(broker: Broker,
     assert emails["pending"] == "1" and "paused" in emails["name"]
     assert "https://" not in page.text  # nothing is loaded from elsewhere (no CDN)
     fragment = await client.get("/partials/overview")  # what the page refreshes itself with
-    assert fragment.status_code == 200 and _row(fragment.text, "orders") == orders
+    between = time.monotonic() - read_at
+    assert fragment.status_code == 200
+    refreshed = _row(fragment.text, "orders")
+    # The oldest ready message's age (whole seconds) grows between the two reads: once a
+    # second boundary fell between them (1s against 0s). The rest is the same row.
+    ages = [re.fullmatch(r"(\d+)s", r["oldest_ready_age"]) for r in (refreshed, orders)]
+    assert ages[0] and ages[1], ages
+    assert 0 <= int(ages[0].group(1)) - int(ages[1].group(1)) <= between + 1, ages
+    assert _without_age(refreshed) == _without_age(orders)
     assert "<html" not in fragment.text
 
     listed = {q["queue"]: q for q in (await client.get("/api/queues")).json()}
