@@ -396,7 +396,8 @@ async def test_the_limited_pick_reads_its_partial_index_in_order(broker: Broker)
     schema version 17, in order and cut at ``most``: never the index ``(channel, fair_key,
     id)``, which matches the condition by both its columns but holds the channel's messages
     in id order, so that its whole backlog is sorted (SQLite chose it, with statistics and
-    without, until the condition was marked ``likely()``)."""
+    without, until the condition was marked ``likely()``). SQLite's statement is its own
+    (``DUE_PER_CHANNEL``, run straight on the driver); its per-channel read sorts nothing."""
     from sqlalchemy import text
 
     await broker.set_channel_default("q", max_concurrency=2)
@@ -408,16 +409,24 @@ async def test_the_limited_pick_reads_its_partial_index_in_order(broker: Broker)
     m = broker.schema.message.name
     async with broker.db.begin() as conn:
         await conn.execute(text(f"ANALYZE {m}"))
-    statement, params = broker.engine._channel_sql.due_of(["c3", "c4"])
-    bound = statement.params(**params, queues=["q"], most=2)
     async with broker.db.connect() as conn:
-        sql = str(bound.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-        if conn.dialect.name == "sqlite":
-            plan = " | ".join(r[3] for r in await conn.exec_driver_sql(
-                "EXPLAIN QUERY PLAN " + sql))
+        if conn.dialect.name == "sqlite":  # its own statement, straight on the driver
+            sql = broker.engine._due_per_channel_sql
+            args = {"names": json.dumps(["c3", "c4"]), "queues": json.dumps(["q"]), "most": 2}
+            nodes = (await conn.execute(text("EXPLAIN QUERY PLAN " + sql), args)).all()
+            plan = " | ".join(r[3] for r in nodes)
+            # the channel's read (the correlated subquery) sorts nothing; only the window
+            # outside it sorts what the reads returned
+            inner = {r[0] for r in nodes if r[3].startswith("CORRELATED LIST SUBQUERY")}
+            assert [r for r in nodes if r[1] in inner and "TEMP B-TREE" in r[3]] == [], plan
+            rows = (await conn.execute(text(sql), args)).all()
         else:
+            statement, params = broker.engine._channel_sql.due_of(["c3", "c4"])
+            bound = statement.params(**params, queues=["q"], most=2)
+            sql = str(bound.compile(dialect=conn.dialect,
+                                    compile_kwargs={"literal_binds": True}))
             plan = " | ".join(r[0] for r in await conn.exec_driver_sql("EXPLAIN " + sql))
-        rows = (await conn.exec_driver_sql(sql)).all()
+            rows = (await conn.exec_driver_sql(sql)).all()
     assert f"ix_{m}_channel_due" in plan and f"ix_{m}_channel_key" not in plan, plan
     first = {(r.channel, r.rn): r.id for r in rows}
     assert sorted(first) == [("c3", 1), ("c3", 2), ("c4", 1), ("c4", 2)]

@@ -268,15 +268,23 @@ class ChannelStatements(FairAcquire):
         position = {name: i for i, name in enumerate(plan)}
         unordered = {name: n for name, (n, settings, _) in plan.items() if not settings.ordered}
         if unordered:
-            statement, params = self._channel_sql.due_of(sorted(unordered))
-            found = (await conn.execute(statement, {
-                **params, "queues": list(queues), "most": max(unordered.values())})).all()
+            found = list(await self._due_rows(conn, sorted(unordered), queues,
+                                              max(unordered.values())))
             # the first of every channel, then the second of every channel, ...
             found.sort(key=lambda r: (r.rn, position[r.channel]))
             for r in found:
                 if r.rn <= unordered[r.channel]:
                     picks[r.id] = (r.channel, r.channel_due_at)
         return picks
+
+    async def _due_rows(self, conn: AsyncConnection, names: list[str],
+                        queues: Sequence[str], most: int) -> Sequence[Any]:
+        """The first ``most`` due messages of each of the channels ``names`` in ``queues``,
+        in acquire order: ``id``, ``channel``, ``channel_due_at`` and ``rn``, their place
+        in their channel from 1. (SQLite runs its own statement straight on the driver.)"""
+        statement, params = self._channel_sql.due_of(names)
+        return (await conn.execute(statement, {
+            **params, "queues": list(queues), "most": most})).all()
 
     async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
                     lease: float, holding: set[str],
@@ -488,8 +496,9 @@ class ChannelSql:
             listed(dialect, m.c.channel, "names"),
             m.c.state == State.PROCESSING.value).group_by(m.c.channel)
         self.heads = _heads(schema, dialect)
+        # (SQLite reads by its own statement, sql/sqlite.py's DUE_PER_CHANNEL.)
         self.due_per_channel = (_due_per_channel_in_order(schema, dialect)
-                                if dialect.name in ("postgresql", "sqlite")
+                                if dialect.name == "postgresql"
                                 else _due_per_channel(schema))
         self._schema = schema
         #: MySQL and MariaDB read per channel by UNION ALL, a statement per number of
@@ -669,37 +678,25 @@ def _due_per_channel(schema: Schema) -> Any:
 
 
 def _due_per_channel_in_order(schema: Schema, dialect: Dialect) -> Any:
-    """:func:`_due_per_channel` on PostgreSQL and SQLite: each named channel's due messages
-    read in acquire order from the index ``(channel, priority DESC, channel_due_at, id)``
-    and cut at ``most`` (a LATERAL per name on PostgreSQL, a correlated subquery per name
-    on SQLite), then numbered. The window over every due message of the channels read
-    8,000 rows for 8 channels of 1,000, 5-9 ms of each acquire on PostgreSQL. ``fair_key
+    """:func:`_due_per_channel` on PostgreSQL: each named channel's due messages read in
+    acquire order from the index ``(channel, priority DESC, channel_due_at, id)`` and cut at
+    ``most`` (a LATERAL per name), then numbered. The window over every due message of the
+    channels read 8,000 rows for 8 channels of 1,000, 5-9 ms of each acquire. ``fair_key
     IS NULL`` (true of every limited channel's message) is the index's own condition
-    (schema version 17), which both databases must see to read it. SQLite, seeing it, read
-    the index ``(channel, fair_key, id)`` by both columns instead and sorted the channel's
-    whole backlog; told the condition is ``likely()`` (as it is), it reads this index in
-    order and stops at ``most``, with or without statistics."""
+    (schema version 17), which the planner must see to read it."""
     m, names = schema.message.alias("f"), list_rows(dialect, "names")
-    keyless = m.c.fair_key.is_(None)
-    if dialect.name == "sqlite":
-        keyless = func.likely(keyless)
     first = (select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.priority)
              .where(m.c.channel == names.c.v, m.c.state.in_(_WAITING),
                     m.c.queue.in_(bindparam("queues", expanding=True)),
-                    not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW, keyless)
+                    not_paused(schema, m.c.queue), m.c.channel_due_at <= _NOW,
+                    m.c.fair_key.is_(None))
              .order_by(m.c.priority.desc(), m.c.channel_due_at, m.c.id)
              .limit(bindparam("most", type_=Integer())))
-    if dialect.name == "postgresql":
-        rows: Any = first.lateral("r")
-        source = names.join(rows, true())
-    else:
-        rows = schema.message
-        source = names.join(rows, rows.c.id.in_(
-            first.with_only_columns(m.c.id).correlate(names)))
+    rows = first.lateral("r")
     return select(rows.c.id, rows.c.channel, rows.c.channel_due_at, func.row_number().over(
         partition_by=rows.c.channel,
         order_by=(rows.c.priority.desc(), rows.c.channel_due_at, rows.c.id)).label("rn")
-    ).select_from(source)
+    ).select_from(names.join(rows, true()))
 
 
 def _due_in(schema: Schema, dialect: Dialect) -> Any:

@@ -53,6 +53,9 @@ class SlotPassing:
         async def _pass_heads(self, conn: AsyncConnection, names: list[str],
                               queues: Sequence[str], lease: float) -> list[Delivery]: ...
 
+        async def _due_rows(self, conn: AsyncConnection, names: list[str],
+                            queues: Sequence[str], most: int) -> Sequence[Any]: ...
+
     async def settle_passing(self, settlements: Sequence[Settlement],
                              slots: Mapping[int, str], queues: Sequence[str], lease: float,
                              most: int) -> tuple[set[int], list[Delivery]]:
@@ -72,10 +75,9 @@ class SlotPassing:
         the settle in this transaction, ``most`` in all: a concurrency-limited channel's
         next due messages, an ordered channel's next in order
         (:meth:`.core_fair.FairAcquire._pass_heads`)."""
-        sql = self._channel_sql
         plan: dict[str, int] = {}
         heads: list[str] = []
-        for r in await conn.execute(sql.slot_limits, {"names": sorted(freed)}):
+        for r in await self._slot_rows(conn, sorted(freed)):
             settings = effective(r)
             n = min(passed_on(settings, freed[r.name], r.running), most)
             if n > 0:
@@ -87,14 +89,18 @@ class SlotPassing:
         started = await self._pass_heads(conn, heads, queues, lease) if heads else []
         if not plan:
             return started
-        statement, params = sql.due_of(sorted(plan))
-        found = await conn.execute(statement, {
-            **params, "queues": list(queues), "most": max(plan.values())})
+        found = await self._due_rows(conn, sorted(plan), queues, max(plan.values()))
         picked = {r.id: (r.channel, r.channel_due_at) for r in found
                   if r.rn <= plan[r.channel]}
         if not picked:
             return started
         return started + await self._take(conn, picked, lease, set(plan), set(plan))
+
+    async def _slot_rows(self, conn: AsyncConnection, names: list[str]) -> Sequence[Any]:
+        """The channels ``names``: their settings as :func:`~.core_room.effective` reads
+        them, and how many of their messages run (``running``). (SQLite runs its own
+        statement straight on the driver.)"""
+        return (await conn.execute(self._channel_sql.slot_limits, {"names": names})).all()
 
 
 __all__ = ["SlotPassing"]

@@ -128,7 +128,8 @@ LIMIT :limit
 """
 
 # Acquire, step 2, in the same transaction: mark :ids (a JSON array) PROCESSING, leased for
-# :lease seconds, and return them.
+# :lease seconds, and return them. Each row is checked to wait still, as the other engines'
+# takes check it, though BEGIN IMMEDIATE already keeps other writers out since the read.
 def _take(cleared: str) -> str:
     """The take of :ids, clearing their due column ``cleared``."""
     return f"""
@@ -139,7 +140,8 @@ UPDATE {{m}} SET
     first_attempt_at = COALESCE(first_attempt_at, (strftime('%Y-%m-%d %H:%M:%f','now')||'000')),
     {cleared} = NULL,
     lease_expires_at = (strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',:lease))||'000')
-WHERE id IN (SELECT value FROM json_each(:ids))
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state IN ('PENDING', 'RETRYABLE')
+  AND {cleared} IS NOT NULL
 RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created_at,
     first_attempt_at, acquired_at, lease_expires_at, NULL AS scheduled_at, history, priority,
     expires_at, saved_state, defers_count, cancel_requested
@@ -148,9 +150,48 @@ RETURNING id, queue, headers, payload, attempts_count, deliveries_count, created
 
 ACQUIRE_TAKE = _take("next_attempt_at")
 
-# The same for a channel's messages taken by the fair acquire (core_channels' fair pick
-# chose :ids): their due time is channel_due_at, which is cleared instead.
+# The same for a channel's messages (the fair pick's, the limited pick's, those a settle
+# passes a slot or a turn on to): their due time is channel_due_at, which is cleared instead.
 ACQUIRE_TAKE_CHANNEL = _take("channel_due_at")
+
+# ---- channels: the limited pick and the slots a settle passes on ----------------------------
+#
+# Raw, one trip to the driver's thread each, as the acquire's and the settle's statements:
+# through SQLAlchemy's cursor each was three trips on an event loop busy with handlers, and a
+# slot passed on by a settle spent half its time between two handlers in them
+# (``bench.slot_cycle``). The same reads as core_channels' ``_slot_limits`` and
+# ``_due_per_channel_in_order`` build for the other databases.
+
+# The channels of :names (a JSON array): their own settings, their queue's default's (as
+# core_room.effective reads them) and how many of their messages run (the prefix (channel,
+# state) of the index ix_{m}_channel).
+SLOT_LIMITS = """
+SELECT c.name, c.configured, c.max_concurrency, c.rate, c.ordered, c.max_size,
+       d.max_concurrency, d.rate, d.ordered, d.max_size,
+       (SELECT count(*) FROM {m} AS r WHERE r.channel = c.name AND r.state = 'PROCESSING')
+FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
+WHERE c.name IN (SELECT value FROM json_each(:names))
+"""
+
+# Each channel of :names: its first :most due messages in the queues :queues (JSON arrays),
+# in acquire order (priority, due time, id), numbered from 1 per channel. Read from the index
+# (channel, priority DESC, channel_due_at, id), partial on fair_key IS NULL (true of every
+# limited channel's message) since schema version 17, in order and cut at :most: told the
+# condition plainly, SQLite read the index (channel, fair_key, id) by both columns instead
+# and sorted the channel's whole backlog; told it is likely() (it is), it reads this one.
+DUE_PER_CHANNEL = """
+SELECT m.id, m.channel, m.channel_due_at, row_number() OVER (
+    PARTITION BY m.channel ORDER BY m.priority DESC, m.channel_due_at, m.id) AS rn
+FROM json_each(:names) AS j JOIN {m} AS m ON m.id IN (
+    SELECT f.id FROM {m} AS f
+    WHERE f.channel = j.value AND f.state IN ('PENDING', 'RETRYABLE')
+      AND f.queue IN (SELECT value FROM json_each(:queues))
+      AND f.queue NOT IN (SELECT queue FROM {pause})
+      AND f.channel_due_at <= (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
+      AND likely(f.fair_key IS NULL)
+    ORDER BY f.priority DESC, f.channel_due_at, f.id
+    LIMIT :most)
+"""
 
 # Settle, in one transaction. The batch :input is one JSON array of [id, deliveries,
 # outcome, error, delay, refund, attempted, history, keep] per settlement (see
