@@ -268,23 +268,21 @@ class ChannelStatements(FairAcquire):
         position = {name: i for i, name in enumerate(plan)}
         unordered = {name: n for name, (n, settings, _) in plan.items() if not settings.ordered}
         if unordered:
-            found = list(await self._due_rows(conn, sorted(unordered), queues,
-                                              max(unordered.values())))
+            found = await self._due_rows(conn, sorted(unordered), queues,
+                                         max(unordered.values()))
             # the first of every channel, then the second of every channel, ...
-            found.sort(key=lambda r: (r.rn, position[r.channel]))
-            for r in found:
+            for r in sorted(found, key=lambda r: (r.rn, position[r.channel])):
                 if r.rn <= unordered[r.channel]:
                     picks[r.id] = (r.channel, r.channel_due_at)
         return picks
 
     async def _due_rows(self, conn: AsyncConnection, names: list[str],
                         queues: Sequence[str], most: int) -> Sequence[Any]:
-        """The first ``most`` due messages of each of the channels ``names`` in ``queues``,
-        in acquire order: ``id``, ``channel``, ``channel_due_at`` and ``rn``, their place
-        in their channel from 1. (SQLite runs its own statement straight on the driver.)"""
+        """Each of the channels ``names``' first ``most`` due messages in ``queues``, in
+        acquire order: ``id``, ``channel``, ``channel_due_at``, ``rn`` (from 1 each)."""
         statement, params = self._channel_sql.due_of(names)
-        return (await conn.execute(statement, {
-            **params, "queues": list(queues), "most": most})).all()
+        return (await conn.execute(statement, {**params, "queues": list(queues),
+                                               "most": most})).all()
 
     async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
                     lease: float, holding: set[str],
