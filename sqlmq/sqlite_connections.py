@@ -261,7 +261,7 @@ def _use_wal(cursor: Any, is_async: bool) -> None:
                 return
             problem: Exception | None = None  # not switched (the old mode came back)
         except Exception as exc:  # the driver's OperationalError (sqlite3's, or wrapped)
-            if "locked" not in str(exc) and "busy" not in str(exc):
+            if not refused(exc):
                 raise
             problem = exc
         if time.monotonic() > deadline:
