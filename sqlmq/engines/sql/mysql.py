@@ -364,9 +364,11 @@ PASS_PICK_PART = """
 # JSON array PASS_ROOM reads) whose head the settle deleted starts its first message in key
 # order (the fair order), if that waits, is due in the queues ({queues}, parameters after
 # the array) and is not blocked: a probe of the index (channel, fair_key, id) per channel.
-# The probe reads the channel's first entry, keyed or not: a limited channel's messages have
-# no key and sort first, and the conditions below drop them (``fair_key IS NOT NULL`` in the
-# probe is no range MariaDB seeks in a correlated subquery: it read past each of them).
+# Channels of another kind are left out before their probe. The probe reads the channel's
+# first entry, keyed or not: an unkeyed one (a message from before the channel was ordered)
+# sorts first, and the conditions below drop it (``fair_key IS NOT NULL`` in the probe is no
+# range MariaDB seeks in a correlated subquery: a limited channel's probe read past each of
+# its messages, 3 ms a settle in bench.slot_cycle).
 # Read without locks (its subquery reads the channel rows), into @sqlmq_heads; PASS_HEADS_LOCK
 # locks those still waiting (SKIP LOCKED) and adds them to @sqlmq_take. After PASS_TAKE,
 # FAIR_LET_IN lets the next ones in, as after the fair take of a head.
@@ -377,13 +379,14 @@ SELECT JSON_ARRAYAGG(m.id) INTO @sqlmq_heads FROM (
         channel VARCHAR({name_length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin
         PATH '$[2]')) AS s
     WHERE NOT EXISTS (SELECT 1 FROM {m} AS g FORCE INDEX (PRIMARY) WHERE g.id = s.id)
+      AND """ + fair_kind("s") + """ = 1
 ) AS h
 STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = (
     SELECT o.id FROM {m} AS o FORCE INDEX (ix_{m}_channel_key)
     WHERE o.channel = h.channel ORDER BY o.fair_key, o.id LIMIT 1)
 WHERE m.state IN ('PENDING', 'RETRYABLE') AND m.fair_key < {blocked}
   AND m.channel_due_at <= UTC_TIMESTAMP(6) AND m.queue IN ({queues})
-  AND m.queue NOT IN (SELECT queue FROM {pause}) AND """ + fair_kind("m") + """ = 1
+  AND m.queue NOT IN (SELECT queue FROM {pause})
 """
 PASS_HEADS_LOCK = _lock_waiting(
     "@sqlmq_heads", "JSON_MERGE_PRESERVE(COALESCE(@sqlmq_take, '[]'), "
