@@ -32,6 +32,7 @@ from ..errors import SchemaError
 from ..records import Delivery, NewMessage, NewMessages, Settlement, expiry_from
 from ..schema import MAX_PRIORITY, MAX_QUEUE_NAME
 from .base import ARCHIVING, RETURNING, ArchiveAndStatsMixin, SqlEngine
+from .core_fair import Lookouts, Transaction
 from .kept_connections import driver_connection
 from .rows import (
     BatchHeaders,
@@ -222,6 +223,8 @@ class SlotPacket:
     _max_ids: Callable[[], Awaitable[int]]
     _settle_statements: Callable[[Sequence[Settlement]], list[tuple[str, Sequence[Any]]]]
     settle: Callable[[Sequence[Settlement]], Awaitable[set[int]]]
+    _lookouts: Lookouts
+    _transaction: Transaction
 
     @cached_property
     def _pass_statements(self) -> tuple[str, str, str, str, str]:
@@ -275,13 +278,17 @@ class SlotPacket:
         heads = json.dumps([[s.id, s.deliveries, slots[s.id]] for s in settlements
                             if slots.get(s.id) in bounds])
         settle = self._settle_statements(settlements)
-        packet = [(sql.BEGIN, ()), *settle[:2], (room, [held]), *settle[2:],
-                  (self._pass_pick(len(queues), len(bounds)),
-                   [a for channel, n in bounds.items() for a in (channel, *queues, n)]),
-                  (self._pass_heads_of(len(queues)), [heads, *queues]), (lock_heads, ()),
-                  (read, ()), (take, [round(lease * 1_000_000)]), (let_in, ()),
-                  (sql.COMMIT, ())]
-        locked, rows = await self._packet(packet, keep=[2, len(packet) - 4])
+        pick = (self._pass_pick(len(queues), len(bounds)),
+                [a for channel, n in bounds.items() for a in (channel, *queues, n)])
+        take_them = [(read, ()), (take, [round(lease * 1_000_000)])]
+        if await self._lookouts.ordered.sees(self._transaction):
+            packet = [(sql.BEGIN, ()), *settle[:2], (room, [held]), *settle[2:], pick,
+                      (self._pass_heads_of(len(queues)), [heads, *queues]),
+                      (lock_heads, ()), *take_them, (let_in, ()), (sql.COMMIT, ())]
+        else:  # no ordered channel to pass a turn on: 1.2-1.7 ms less of the server's time
+            packet = [(sql.BEGIN, ()), *settle[:2], (room, [held]), *settle[2:], pick,
+                      *take_them, (sql.COMMIT, ())]
+        locked, rows = await self._packet(packet, keep=[2, packet.index(take_them[0])])
         rows.sort(key=lambda r: r[0])
         out = _deliveries(rows, lease)
         for d, r in zip(out, rows, strict=True):
