@@ -1,7 +1,10 @@
 """Channels: what their rules cost and what they give.
 
-* The drain of ``bench.drain`` three ways in the same run: plain; spread over 1,000
-  channels without limits; over 1,000 ordered channels (one message of each at a time).
+* The drain of ``bench.drain`` four ways in the same run: plain; spread over 1,000
+  channels without limits; over 1,000 ordered channels (one message of each at a time),
+  each channel's messages published together, and published one channel after another
+  (``mixed``: on SQLite, which writes whole pages at each commit, taking one message of
+  each channel touches a page per message when a channel's messages are neighbours).
 * A few ordered channels with deep backlogs (``deep`` in ``bench.run``): 10 of 1,000, 5 ms
   handlers, 16 workers; at best the channels over the handler's time.
 * Concurrency limits: handlers that take 10 ms, channels limited to ``max_concurrency``,
@@ -24,29 +27,42 @@ from typing import Any
 from sqlmq import Broker, Message
 
 from .common import QUEUE, drop_tables, fresh_broker, url_for
-from .drain import SQLMQ_DRAIN, analyze, preload, publish_n, timed_drain
+from .drain import PAYLOAD, SQLMQ_DRAIN, analyze, preload, publish_n, timed_drain
 
 #: Workers for the limited runs: more than the limits let run, so the limits decide.
 LIMITED_WORKERS = 64
 
 
 async def _publish_spread(broker: Broker, n: int, channels: int) -> None:
-    """``n`` messages, as even as can be over ``channels`` channels, one batch each."""
+    """``n`` messages, as even as can be over ``channels`` channels, one batch each: each
+    channel's messages neighbours in the table."""
     for i in range(channels):
         await publish_n(broker, n // channels + (1 if i < n % channels else 0),
                         channel=f"c{i}")
 
 
+async def _publish_mixed(broker: Broker, n: int, channels: int) -> None:
+    """``n`` messages over ``channels`` channels in turn, one message each, as traffic from
+    many tenants arrives: each channel's next messages neighbours of the other channels'
+    (a transaction per round of ``channels``)."""
+    for start in range(0, n, channels):
+        async with broker.db.begin() as conn:
+            for i in range(min(channels, n - start)):
+                await broker.publish(QUEUE, PAYLOAD, channel=f"c{i}", connection=conn)
+
+
 async def drain_rate(db: str, n: int, channels: int = 0, sleep: float = 0.0,
-                     options: dict[str, Any] | None = None, **defaults: Any) -> float:
+                     options: dict[str, Any] | None = None, mixed: bool = False,
+                     **defaults: Any) -> float:
     """Messages per second from start() until all ``n`` are archived. ``channels``: spread
-    over that many channels, each under ``defaults`` (the queue's channel default)."""
+    over that many channels, each under ``defaults`` (the queue's channel default), each
+    channel's messages published together, or with ``mixed`` one channel after another."""
     broker = await fresh_broker(db)
     try:
         if defaults:
             await broker.set_channel_default(QUEUE, **defaults)
         if channels:
-            await _publish_spread(broker, n, channels)
+            await (_publish_mixed if mixed else _publish_spread)(broker, n, channels)
             await analyze(broker)
         else:
             await preload(broker, n)

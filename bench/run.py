@@ -8,7 +8,7 @@
     .venv/bin/python -m bench.run held [--held-rate 2000 --held-seconds 300 --hold-at 60
                                     --hold 180]
     .venv/bin/python -m bench.run channels --db all [--n 20000 --channels 1000]
-                                    [--cases plain,spread,ordered,limited,fairness]
+                                    [--cases plain,spread,ordered,mixed,limited,fairness]
 
 Prints one table per benchmark (medians over ``--repeat`` rounds; ratios are taken within
 each round, then their median), followed by the command line that reproduces it. Run
@@ -77,7 +77,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 #: The runs of ``channels``.
-CHANNEL_CASES = ("plain", "spread", "ordered", "deep", "limited", "fairness")
+CHANNEL_CASES = ("plain", "spread", "ordered", "mixed", "deep", "limited", "fairness")
 
 
 def dbs(args: argparse.Namespace) -> list[str]:
@@ -345,6 +345,7 @@ def run_channels(args: argparse.Namespace) -> str:
         "plain": lambda db: drain_rate(db, args.n),
         "spread": lambda db: drain_rate(db, args.n, args.channels),
         "ordered": lambda db: drain_rate(db, args.n, args.channels, ordered=True),
+        "mixed": lambda db: drain_rate(db, args.n, args.channels, ordered=True, mixed=True),
         "deep": lambda db: drain_rate(db, deep_n, deep, deep_sleep,
                                       {"workers": deep_workers}, ordered=True),
         "limited": lambda db: drain_rate(
@@ -375,6 +376,8 @@ def run_channels(args: argparse.Namespace) -> str:
                        ">= 80%"),
             "ordered": (f"{args.channels:,} ordered channels", lambda: ratio("ordered"),
                         ">= 70%"),
+            "mixed": (f"{args.channels:,} ordered channels, published in turn",
+                      lambda: ratio("mixed"), ">= 70%"),
             "deep": (f"{deep} ordered channels x {deep_n // deep:,}, "
                      f"{deep_sleep * 1000:.0f} ms handlers, {deep_workers} workers",
                      lambda: f"{100 * med('deep') / deep_expected:.0f}% of "
@@ -408,7 +411,7 @@ def _channel_cases(given: str) -> list[str]:
     if unknown:
         raise SystemExit(f"unknown --cases {', '.join(unknown)}: choose from "
                          f"{', '.join(CHANNEL_CASES)}")
-    if {"spread", "ordered"} & set(cases) and "plain" not in cases:
+    if {"spread", "ordered", "mixed"} & set(cases) and "plain" not in cases:
         cases.insert(0, "plain")
     return cases
 
