@@ -371,7 +371,8 @@ PASS_PICK_PART = """
 # its messages, 3 ms a settle in bench.slot_cycle).
 # Read without locks (its subquery reads the channel rows), into @sqlmq_heads; PASS_HEADS_LOCK
 # locks those still waiting (SKIP LOCKED) and adds them to @sqlmq_take. After PASS_TAKE,
-# FAIR_LET_IN lets the next ones in, as after the fair take of a head.
+# FAIR_LET_IN lets the next ones in, as after the fair take of a head. The three are left out
+# of the packet while the engine has seen no ordered channel (SlotPacket.settle_passing).
 PASS_HEADS = """
 SELECT JSON_ARRAYAGG(m.id) INTO @sqlmq_heads FROM (
     SELECT DISTINCT s.channel
