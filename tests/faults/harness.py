@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -347,6 +348,14 @@ def executions(log_dir: Path) -> list[tuple[int, int, str]]:
             parts = line.split()
             out.append((int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else ""))
     return out
+
+
+def lost_leases(log_dir: Path) -> set[tuple[int, int]]:
+    """The deliveries ``(id, delivery)`` whose lease a worker that lived lost (its log's
+    warning): ended by a process too slow to renew in time, not by a crash."""
+    found = re.compile(r"lease of message (\d+) \(delivery (\d+)\) was lost")
+    return {(int(m[1]), int(m[2])) for path in log_dir.glob("worker-*.err")
+            for m in found.finditer(path.read_text(errors="replace"))}
 
 
 def counters(log_dir: Path) -> Counter[str]:

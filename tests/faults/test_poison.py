@@ -12,7 +12,15 @@ import pytest
 
 from sqlmq.runtime.quarantine import QUARANTINE_AFTER
 
-from .harness import Tables, WorkerPool, WorkerSpec, executions, history, wait_ready
+from .harness import (
+    Tables,
+    WorkerPool,
+    WorkerSpec,
+    executions,
+    history,
+    lost_leases,
+    wait_ready,
+)
 
 MAX_DELIVERIES = 4
 
@@ -58,5 +66,11 @@ def test_message_that_kills_its_process_is_stopped_by_max_deliveries_and_the_res
     assert pool.deaths >= 1  # the supervisor saw them die (some may die between its checks)
     assert {rows[i].state for i in good} == {"COMPLETED"}
     # From its QUARANTINE_AFTER-th expiry on, the poison runs alone: its later crashes hold
-    # no other message, so a neighbour is charged at most QUARANTINE_AFTER deliveries.
-    assert max(rows[i].deliveries_count for i in good) <= QUARANTINE_AFTER + 1
+    # no other message, so a neighbour is charged at most QUARANTINE_AFTER deliveries. A
+    # delivery whose lease a living worker lost is not a crash's charge: under the parallel
+    # suite a worker running its neighbours (each a suspect too, so each alone, in turn)
+    # once renewed 1.5 s leases too late, and one neighbour came back a fourth time.
+    lost = lost_leases(log_dir)
+    charged = {i: rows[i].deliveries_count - 1 - sum(1 for m, _ in lost if m == i)
+               for i in good}
+    assert max(charged.values()) <= QUARANTINE_AFTER, charged
