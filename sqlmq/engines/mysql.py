@@ -274,21 +274,23 @@ class SlotPacket:
         room, lock_heads, read, take, let_in = self._pass_statements
         held = json.dumps([[s.id, s.deliveries, slots[s.id]] for s in settlements
                            if s.id in slots])
-        # an ordered channel's turn passes within the bounds too: most in all
-        heads = json.dumps([[s.id, s.deliveries, slots[s.id]] for s in settlements
-                            if slots.get(s.id) in bounds])
         settle = self._settle_statements(settlements)
-        pick = (self._pass_pick(len(queues), len(bounds)),
-                [a for channel, n in bounds.items() for a in (channel, *queues, n)])
-        take_them = [(read, ()), (take, [round(lease * 1_000_000)])]
-        if await self._lookouts.ordered.sees(self._transaction):
-            packet = [(sql.BEGIN, ()), *settle[:2], (room, [held]), *settle[2:], pick,
-                      (self._pass_heads_of(len(queues)), [heads, *queues]),
-                      (lock_heads, ()), *take_them, (let_in, ()), (sql.COMMIT, ())]
-        else:  # no ordered channel to pass a turn on: 1.2-1.7 ms less of the server's time
-            packet = [(sql.BEGIN, ()), *settle[:2], (room, [held]), *settle[2:], pick,
-                      *take_them, (sql.COMMIT, ())]
-        locked, rows = await self._packet(packet, keep=[2, packet.index(take_them[0])])
+        packet = [(sql.BEGIN, ()), *settle[:2], (room, [held]), *settle[2:],
+                  (self._pass_pick(len(queues), len(bounds)),
+                   [a for channel, n in bounds.items() for a in (channel, *queues, n)])]
+        # An ordered channel's turn, passed within the bounds too (most in all); left out
+        # while no ordered channel was seen: 1.2-1.7 ms less of the server's time.
+        ordered = await self._lookouts.ordered.sees(self._transaction)
+        if ordered:
+            heads = json.dumps([[s.id, s.deliveries, slots[s.id]] for s in settlements
+                                if slots.get(s.id) in bounds])
+            packet += [(self._pass_heads_of(len(queues)), [heads, *queues]), (lock_heads, ())]
+        read_at = len(packet)
+        packet += [(read, ()), (take, [round(lease * 1_000_000)])]
+        if ordered:
+            packet.append((let_in, ()))
+        packet.append((sql.COMMIT, ()))
+        locked, rows = await self._packet(packet, keep=[2, read_at])
         rows.sort(key=lambda r: r[0])
         out = _deliveries(rows, lease)
         for d, r in zip(out, rows, strict=True):
