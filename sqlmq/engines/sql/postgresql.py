@@ -122,20 +122,21 @@ _TAKE = _take("next_attempt_at")
 # Acquire up to $2 due messages of the channels without limits in queues $1 (an array), in
 # their fair order (schema version 13, see sqlmq.channels) below BLOCKED, an ordered
 # channel's only while nothing of its comes before them (schema version 14), leased for $3
-# seconds, returned as ACQUIRE returns them with their channel, key and whether the channel
-# is ordered last; move each queue's clock on to the lowest turn taken (the low TURN_BITS of
-# fair_key), never back; and let in the next message of each ordered channel whose head
-# was taken, if its window is short. Each row's channel is looked up by a subquery, not
-# joined: joined, the planner read every channel's messages and sorted them all; this way
-# the fair index is read in order until $2 rows are found. The same choice as core_fair's
-# _fair_pick (which SQLite runs) and MariaDB's FAIR_PICK, whose conditions these are
-# (fair_turn, shared with MariaDB's). One ordered read per queue (LATERAL): with queue =
-# ANY($1), the index gives no order and the whole backlog was sorted (115 ms for 20,000
-# rows). The channel's kind is looked up once per row (a LATERAL kept apart by OFFSET 0):
-# written in both the condition and the result, the lookup ran twice, 2 ms each per 500
-# rows. The take joins ready to the table by id alone: with the ANY(...) the plain ACQUIRE
-# adds, the planner, expecting one row from ready, probed the table by the whole id list
-# once per row of ready (125,000 rows read for 500, 130 ms).
+# seconds, returned as ACQUIRE returns them with their channel, key and whether the
+# channel is ordered last; move each queue's clock on to the lowest turn taken (the low
+# TURN_BITS of fair_key), never back; and let in the next message of each ordered channel
+# whose head was taken, if its window is short. Each row's channel is looked up by a
+# subquery, not joined: joined, the planner read every channel's messages and sorted them
+# all; this way the fair index is read in order until $2 rows are found. The same choice
+# as core_fair's _fair_pick (which SQLite runs) and MariaDB's FAIR_PICK, whose conditions
+# these are (fair_turn, shared with MariaDB's; here its one-probe form, a row comparison).
+# One ordered read per queue (LATERAL): with queue = ANY($1), the index gives no order and
+# the whole backlog was sorted (115 ms for 20,000 rows). The channel's kind is looked up
+# once per row (a LATERAL kept apart by OFFSET 0): written in both the condition and the
+# result, the lookup ran twice, 2 ms each per 500 rows. The take joins ready to the table
+# by id alone: with the ANY(...) the plain ACQUIRE adds, the planner, expecting one row
+# from ready, probed the table by the whole id list once per row of ready (125,000 rows
+# read for 500, 130 ms).
 ACQUIRE_FAIR = """
 WITH ready AS (
     SELECT r.* FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
@@ -146,7 +147,7 @@ WITH ready AS (
         WHERE f.queue = q.name AND f.fair_key IS NOT NULL AND f.fair_key < {blocked}
           AND f.channel_due_at <= now()
           AND f.state IN ('PENDING', 'RETRYABLE')
-          AND """ + fair_turn(kind="k.kind") + """
+          AND """ + fair_turn(kind="k.kind", row_values=True) + """
         ORDER BY f.fair_key, f.id
         LIMIT $2
         FOR UPDATE OF f SKIP LOCKED
@@ -159,7 +160,7 @@ WITH ready AS (
     SELECT queue, min(fair_key & {turn_mask}) FROM ready GROUP BY queue
     ON CONFLICT (queue) DO UPDATE SET turn = EXCLUDED.turn
     WHERE {channel_clock}.turn < EXCLUDED.turn
-), let_in AS (""" + let_in("ready", "ready.ordered") + """)
+), let_in AS (""" + let_in("ready", "ready.ordered", fence=" OFFSET 0") + """)
 """ + _take("channel_due_at", ",\n    m.channel, ready.fair_key, ready.ordered",
             by="m.id = ready.id")
 
@@ -445,7 +446,7 @@ SETTLE_PASSING = SETTLE.rsplit("SELECT id FROM archived", 1)[0] + """, landed AS
       AND n.queue NOT IN (SELECT queue FROM {pause})
 ), ready AS (
     SELECT * FROM (SELECT * FROM passed UNION ALL SELECT * FROM following) AS r LIMIT $13
-), let_in AS (""" + let_in("following", "true") + """
+), let_in AS (""" + let_in("following", "true", fence=" OFFSET 0") + """
 ), taken AS (""" + _take("channel_due_at", ",\n    m.channel", lease="$12",
                         by="m.id = ready.id AND m.state IN ('PENDING', 'RETRYABLE')") + """)
 SELECT (SELECT array_agg(id) FROM landed), taken.* FROM (SELECT 1) AS one
