@@ -10,11 +10,19 @@ Whatever the window, messages start in publish order, one at a time.
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from sqlmq import Broker, Message
-from sqlmq.channels import BLOCKED, ORDERED_LOOKAHEAD, ORDERED_WINDOW, turn_of
+from sqlmq.channels import (
+    BLOCKED,
+    ORDERED_LOOKAHEAD,
+    ORDERED_PARK_AFTER,
+    ORDERED_WINDOW,
+    turn_of,
+)
 from sqlmq.engines import core_fair
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Delivery, Settlement
@@ -159,6 +167,50 @@ async def test_a_head_whose_letting_in_was_missed_is_followed_after_the_mending(
     await complete(broker, head)
     got = await after_mending(broker)
     assert [d.id for d in got] == [second]
+
+
+async def mending_pass(broker: Broker) -> None:
+    """An acquire that finds nothing, and the mending pass it starts, run to its end
+    (after the one before it, and its interval)."""
+    mending = broker.engine._mending
+    await wait_until(lambda: mending.task is None and time.monotonic() - mending.mended_at
+                     > core_fair.CHANNEL_LOOK_INTERVAL, timeout=10,
+                     message="the mending's last pass and its interval")
+    before = mending.mended_at
+    assert await take_one(broker) == []
+    await wait_until(lambda: mending.task is None and mending.mended_at > before,
+                     timeout=10, message="a mending pass")
+
+
+async def test_a_head_that_waits_long_to_retry_has_its_window_parked(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head put back to retry in more than ORDERED_PARK_AFTER: the mending blocks the
+    rest of its window again, so acquires stop reading them (a head due sooner parks
+    nothing); a publish then waits behind them; once the head is due and taken, the others
+    are let in one a take, and all start in publish order."""
+    monkeypatch.setattr(core_fair, "CHANNEL_LOOK_INTERVAL", 0.05)
+    monkeypatch.setattr(core_fair, "PARK_INTERVAL", 0.05)
+    await broker.set_channel("o", ordered=True)
+    sent = await broker.publish_batch("q", range(10), channel="o")
+    for delay in (ORDERED_PARK_AFTER / 2, ORDERED_PARK_AFTER * 10):
+        (head,) = await take_one(broker)
+        assert head.id == sent[0]
+        assert await broker.engine.settle(
+            [Settlement(head.id, head.deliveries, Outcome.RETRY, delay=delay)]) == {head.id}
+        await mending_pass(broker)
+        if delay < ORDERED_PARK_AFTER:
+            assert await window(broker) == (sent, [])
+            assert broker.engine._mending.parked == 0
+            await update_row(broker, sent[0],
+                             channel_due_at=datetime.now(UTC) - timedelta(seconds=1))
+    assert await window(broker) == ([sent[0]], sent[1:])
+    assert broker.engine._mending.parked == 9
+    await mending_pass(broker)  # nothing more to park, nothing to let in: the head waits
+    assert await window(broker) == ([sent[0]], sent[1:])
+    sent += await broker.publish_batch("q", [10, 11], channel="o")
+    assert (await window(broker))[1] == sent[1:]
+    await update_row(broker, sent[0], channel_due_at=datetime.now(UTC) - timedelta(seconds=1))
+    assert await run_out(broker) == sent
 
 
 async def test_a_channel_made_ordered_blocks_its_backlog_and_unordered_unblocks_it(
