@@ -67,9 +67,43 @@ async def test_expired_lease_returns_message_to_pending_with_history_and_redeliv
     assert archived["attempts_count"] == 1
 
 
+class LoopStalls:
+    """The longest this event loop kept a 20 ms ticker waiting past its time while in the
+    ``async with``: how long nothing on the loop could run (its process starved of CPU,
+    or the loop blocked)."""
+
+    TICK = 0.02
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            at = loop.time() + self.TICK
+            await asyncio.sleep(self.TICK)
+            self.worst = max(self.worst, loop.time() - at)
+
+    async def __aenter__(self) -> LoopStalls:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
 async def test_renewed_lease_outlives_a_handler_three_times_longer_than_the_lease(
     db_url: str, prefix: str, broker: Broker
 ) -> None:
+    """Renewed every third of the lease, a handler three leases long keeps it. Unless the
+    process itself stalled for a third of a lease (the suite's five processes, their
+    workers and both databases on two cores did it once): then the lease keeper says it
+    woke late, the handler is cancelled before the lease ends, and the message runs again
+    and is archived once, as designed. A keeper that fails while the loop runs on time
+    fails the test."""
     lease = 2.0
     b = Broker(db_url, table_prefix=prefix, recovery_interval=0.1)
     calls: list[tuple[int, int]] = []
@@ -80,18 +114,27 @@ async def test_renewed_lease_outlives_a_handler_three_times_longer_than_the_leas
         await asyncio.sleep(3 * lease)
 
     ids = await b.publish_batch("long", ["a", "b"])
-    try:
-        await b.start()
-        (runtime,) = b.runtimes
-        await wait_until(lambda: _archived(broker, *ids), timeout=60, message="both archived")
-    finally:
-        await b.close()
+    async with LoopStalls() as stalls:
+        try:
+            await b.start()
+            (runtime,) = b.runtimes
+            await wait_until(lambda: _archived(broker, *ids), timeout=60,
+                             message="both archived")
+        finally:
+            await b.close()
 
-    assert sorted(calls) == [(i, 1) for i in ids]
-    assert (runtime.counters.lost_leases, runtime.counters.stale) == (0, 0)
+    counters = runtime.counters
     archived = await rows(broker, "archive")
+    runs = {i: sum(1 for c, _ in calls if c == i) for i in ids}
     assert [(r["id"], r["state"], r["deliveries_count"]) for r in archived] == [
-        (i, "COMPLETED", 1) for i in ids]
+        (i, "COMPLETED", runs[i]) for i in ids]
+    assert counters.stale == 0
+    if stalls.worst < lease / 3:
+        assert sorted(calls) == [(i, 1) for i in ids]
+        assert (counters.lost_leases, counters.late_renewals) == (0, 0)
+    else:  # the process stalled: what was lost was lost for that, and said so
+        assert counters.late_renewals >= 1
+        assert counters.lost_leases == len(calls) - len(ids)
 
 
 @on_every_engine

@@ -18,4 +18,6 @@ class RuntimeCounters:
     cancelled: int = 0
     stale: int = 0  # settlements dropped because the delivery was no longer ours
     lost_leases: int = 0
+    #: Lease renewals that woke more than a third of a lease late (a blocked or starved loop).
+    late_renewals: int = 0
     unwritable: int = 0  # results the database refused although it answered (see Flusher)

@@ -118,16 +118,29 @@ class LeaseKeeper:
         handler's lease to run out while its process lived."""
         backoff = Backoff(f"lease renewal for {','.join(self.cfg.queues)}")
         loop = asyncio.get_running_loop()
-        due = loop.time() + self.cfg.lease / 3
+        every = self.cfg.lease / 3
+        due = loop.time() + every
         while True:
             await asyncio.sleep(max(0.0, due - loop.time()))
-            due = loop.time() + self.cfg.lease / 3
+            self._woke(loop.time() - due, every)
+            due = loop.time() + every
             try:
                 await self.renew()
             except Exception as exc:
                 await backoff.failed(exc)
             else:
                 backoff.succeeded()
+
+    def _woke(self, late: float, every: float) -> None:
+        """Say when the renewal woke more than a third of a lease late: the event loop was
+        blocked (a handler's synchronous work) or the process starved of CPU, and any
+        handler whose lease ran out meanwhile is cancelled, its message delivered again.
+        Its warning alone did not say why no renewal had come."""
+        if late > every:
+            self.counters.late_renewals += 1
+            log.warning("lease renewal for %s woke %.2fs late (due every %.2fs): the event "
+                        "loop was blocked or the process starved of CPU", ",".join(
+                            self.cfg.queues), late, every)
 
     async def renew(self) -> None:
         """Extend every held lease; a lease the engine did not extend is lost. While it runs
