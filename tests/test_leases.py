@@ -100,10 +100,10 @@ async def test_renewed_lease_outlives_a_handler_three_times_longer_than_the_leas
 ) -> None:
     """Renewed every third of the lease, a handler three leases long keeps it. Unless the
     process itself stalled for a third of a lease (the suite's five processes, their
-    workers and both databases on two cores did it once): then the lease keeper says it
-    woke late, the handler is cancelled before the lease ends, and the message runs again
-    and is archived once, as designed. A keeper that fails while the loop runs on time
-    fails the test."""
+    workers and both databases on two cores did it once): then a handler whose renewal
+    could not come back in time is cancelled before the lease ends, counted, and its
+    message runs again and is archived once, as designed. A keeper that fails while the
+    loop runs on time fails the test."""
     lease = 2.0
     b = Broker(db_url, table_prefix=prefix, recovery_interval=0.1)
     calls: list[tuple[int, int]] = []
@@ -132,8 +132,7 @@ async def test_renewed_lease_outlives_a_handler_three_times_longer_than_the_leas
     if stalls.worst < lease / 3:
         assert sorted(calls) == [(i, 1) for i in ids]
         assert (counters.lost_leases, counters.late_renewals) == (0, 0)
-    else:  # the process stalled: what was lost was lost for that, and said so
-        assert counters.late_renewals >= 1
+    else:  # the process stalled: every delivery after a message's first was a lost lease
         assert counters.lost_leases == len(calls) - len(ids)
 
 
