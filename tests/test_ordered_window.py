@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sqlmq import Broker, Message
+from sqlmq import Broker, Message, Retry
 from sqlmq.channels import (
     BLOCKED,
     ORDERED_LOOKAHEAD,
@@ -186,12 +186,15 @@ async def test_a_head_that_waits_long_to_retry_has_its_window_parked(
         broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """A head put back to retry in more than ORDERED_PARK_AFTER: the mending blocks the
     rest of its window again, so acquires stop reading them (a head due sooner parks
-    nothing); a publish then waits behind them; once the head is due and taken, the others
-    are let in one a take, and all start in publish order."""
+    nothing, nor does another channel's head that waits in the queue behind it); a
+    publish then waits behind them; once the head is due and taken, the others are let
+    in one a take, and all start in publish order."""
     monkeypatch.setattr(core_fair, "CHANNEL_LOOK_INTERVAL", 0.05)
     monkeypatch.setattr(core_fair, "PARK_INTERVAL", 0.05)
     await broker.set_channel("o", ordered=True)
+    await broker.set_channel("p", ordered=True, queue="other")
     sent = await broker.publish_batch("q", range(10), channel="o")
+    others = await broker.publish_batch("other", range(5), channel="p")
     for delay in (ORDERED_PARK_AFTER / 2, ORDERED_PARK_AFTER * 10):
         (head,) = await take_one(broker)
         assert head.id == sent[0]
@@ -205,6 +208,7 @@ async def test_a_head_that_waits_long_to_retry_has_its_window_parked(
                              channel_due_at=datetime.now(UTC) - timedelta(seconds=1))
     assert await window(broker) == ([sent[0]], sent[1:])
     assert broker.engine._mending.parked == 9
+    assert await window(broker, "p") == (others, [])
     await mending_pass(broker)  # nothing more to park, nothing to let in: the head waits
     assert await window(broker) == ([sent[0]], sent[1:])
     sent += await broker.publish_batch("q", [10, 11], channel="o")
@@ -275,3 +279,52 @@ async def test_ordered_channels_of_three_processes_keep_their_order(
         await broker.stop()
     assert overlaps == []
     assert starts == {ch: list(range(60)) for ch in channels}
+
+
+async def test_ordered_channels_of_three_processes_keep_their_order_through_parking(
+        broker: Broker, db_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, with every tenth message failing once and retried after longer than
+    ORDERED_PARK_AFTER (made 0.3 s), so the three brokers' mending parks windows while
+    the others publish and take: each channel's messages still start in publish order
+    (a retry right after its first attempt), one at a time, and all complete."""
+    monkeypatch.setattr(core_fair, "ORDERED_PARK_AFTER", 0.3)
+    monkeypatch.setattr(core_fair, "PARK_INTERVAL", 0.05)
+    monkeypatch.setattr(core_fair, "CHANNEL_LOOK_INTERVAL", 0.05)
+    brokers = [broker, sibling(broker, db_url, prefix), sibling(broker, db_url, prefix)]
+    starts: dict[str, list[int]] = {}
+    done: list[int] = []
+    running: dict[str, int] = {}
+    overlaps: list[str] = []
+    for b in brokers:
+        @b.subscriber("q", workers=8, flush_interval=0.0, max_fetch_interval=0.05,
+                      retry=Retry.constant(1.0, max_attempts=3))
+        async def handle(msg: Message) -> None:
+            ch = msg.headers["ch"]
+            running[ch] = running.get(ch, 0) + 1
+            if running[ch] > 1:
+                overlaps.append(ch)
+            starts.setdefault(ch, []).append(msg.body)
+            await asyncio.sleep(0.001)
+            running[ch] -= 1
+            if msg.body % 10 == 0 and msg.deliveries == 1:
+                raise RuntimeError("fails once")
+            done.append(msg.body)
+
+    channels = [f"c{i}" for i in range(4)]
+    await broker.set_channel_default("q", ordered=True)
+    for b in brokers:
+        await b.start()
+    try:
+        for n in range(60):
+            for ch in channels:
+                await brokers[n % 3].publish("q", n, headers={"ch": ch}, channel=ch)
+        await wait_until(lambda: len(done) >= 60 * len(channels), timeout=90,
+                         message="every message to complete")
+    finally:
+        for b in brokers[1:]:
+            await b.close()
+        await broker.stop()
+    assert overlaps == []
+    retried = [n for n in range(60) if n % 10 == 0]
+    assert starts == {ch: sorted([*range(60), *retried]) for ch in channels}
+    assert sum(b.engine._mending.parked for b in brokers) > 0

@@ -600,18 +600,22 @@ def window_of(schema: Schema, channel: Any) -> Any:
 
 
 def _first_id(schema: Schema, channel: Any) -> Any:
-    """The id of ``channel``'s first message in key order, in any state: its head."""
+    """The id of ``channel``'s first message in key order, in any state: its head.
+    Correlated to whatever ``channel`` is a column of, at any depth: left to itself, a
+    subquery nested in another's (:func:`_waits_long`'s) took that table into its own
+    FROM and read the first message of every channel."""
     u = schema.message.alias("u")
     return (select(u.c.id).where(u.c.channel == channel, u.c.fair_key.is_not(None))
-            .order_by(u.c.fair_key, u.c.id).limit(1).scalar_subquery())
+            .order_by(u.c.fair_key, u.c.id).limit(1).correlate_except(u).scalar_subquery())
 
 
 def _waits_long(schema: Schema, channel: Any) -> Any:
     """``channel``'s head waits, and is due more than
     :data:`~sqlmq.channels.ORDERED_PARK_AFTER` from now (:class:`Parking`)."""
     h = schema.message.alias("h")
-    return exists().where(h.c.id == _first_id(schema, channel), h.c.state.in_(_WAITING),
-                          h.c.channel_due_at > db_now_plus(literal(ORDERED_PARK_AFTER)))
+    return (exists().where(h.c.id == _first_id(schema, channel), h.c.state.in_(_WAITING),
+                           h.c.channel_due_at > db_now_plus(literal(ORDERED_PARK_AFTER)))
+            .correlate_except(h))
 
 
 def _short(schema: Schema, channel: Any, n: int) -> Any:
