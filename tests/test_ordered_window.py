@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -214,7 +215,9 @@ async def test_a_head_that_waits_long_to_retry_has_its_window_parked(
     sent += await broker.publish_batch("q", [10, 11], channel="o")
     assert (await window(broker))[1] == sent[1:]
     await update_row(broker, sent[0], channel_due_at=datetime.now(UTC) - timedelta(seconds=1))
-    assert await run_out(broker) == sent
+    started = await run_out(broker)
+    assert started == sent, [(r["id"], r["state"], r["fair_key"], r["channel_due_at"])
+                             for r in await rows(broker, "message", channel="o")]
 
 
 async def test_a_channel_made_ordered_blocks_its_backlog_and_unordered_unblocks_it(
@@ -244,60 +247,20 @@ async def test_a_requeue_into_a_full_window_waits_behind_it(broker: Broker) -> N
     assert await run_out(broker) == [*sent, dead]
 
 
-async def test_ordered_channels_of_three_processes_keep_their_order(
-        broker: Broker, db_url: str, prefix: str) -> None:
-    """Three brokers (as three processes), publishing while they consume: each channel's
-    messages start in publish order, one at a time, and all start."""
-    brokers = [broker, sibling(broker, db_url, prefix), sibling(broker, db_url, prefix)]
-    starts: dict[str, list[int]] = {}
-    running: dict[str, int] = {}
-    overlaps: list[str] = []
-    for b in brokers:
-        @b.subscriber("q", workers=8, flush_interval=0.0, max_fetch_interval=0.05)
-        async def handle(msg: Message) -> None:
-            ch = msg.headers["ch"]
-            running[ch] = running.get(ch, 0) + 1
-            if running[ch] > 1:
-                overlaps.append(ch)
-            starts.setdefault(ch, []).append(msg.body)
-            await asyncio.sleep(0.001)
-            running[ch] -= 1
-
-    channels = [f"c{i}" for i in range(4)]
-    await broker.set_channel_default("q", ordered=True)
-    for b in brokers:
-        await b.start()
-    try:
-        for n in range(60):
-            for ch in channels:
-                await brokers[n % 3].publish("q", n, headers={"ch": ch}, channel=ch)
-        await wait_until(lambda: sum(map(len, starts.values())) >= 60 * len(channels),
-                         timeout=60, message="every message to start")
-    finally:
-        for b in brokers[1:]:
-            await b.close()
-        await broker.stop()
-    assert overlaps == []
-    assert starts == {ch: list(range(60)) for ch in channels}
-
-
-async def test_ordered_channels_of_three_processes_keep_their_order_through_parking(
-        broker: Broker, db_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As above, with every tenth message failing once and retried after longer than
-    ORDERED_PARK_AFTER (made 0.3 s), so the three brokers' mending parks windows while
-    the others publish and take: each channel's messages still start in publish order
-    (a retry right after its first attempt), one at a time, and all complete."""
-    monkeypatch.setattr(core_fair, "ORDERED_PARK_AFTER", 0.3)
-    monkeypatch.setattr(core_fair, "PARK_INTERVAL", 0.05)
-    monkeypatch.setattr(core_fair, "CHANNEL_LOOK_INTERVAL", 0.05)
+async def three_brokers_in_order(broker: Broker, db_url: str, prefix: str,
+                                 fail_every: int = 0, **options: Any) -> list[Broker]:
+    """Three brokers (as three processes) on queue ``q`` of ordered channels, publishing
+    60 messages to each of 4 channels in turn while they consume (with ``fail_every``,
+    every such message fails its first delivery; ``options``: the subscribers'), until
+    every message completed; checks that each channel's messages started in publish order
+    (a retry right after its first attempt), one at a time. The brokers, closed."""
     brokers = [broker, sibling(broker, db_url, prefix), sibling(broker, db_url, prefix)]
     starts: dict[str, list[int]] = {}
     done: list[int] = []
     running: dict[str, int] = {}
     overlaps: list[str] = []
     for b in brokers:
-        @b.subscriber("q", workers=8, flush_interval=0.0, max_fetch_interval=0.05,
-                      retry=Retry.constant(1.0, max_attempts=3))
+        @b.subscriber("q", workers=8, flush_interval=0.0, max_fetch_interval=0.05, **options)
         async def handle(msg: Message) -> None:
             ch = msg.headers["ch"]
             running[ch] = running.get(ch, 0) + 1
@@ -306,7 +269,7 @@ async def test_ordered_channels_of_three_processes_keep_their_order_through_park
             starts.setdefault(ch, []).append(msg.body)
             await asyncio.sleep(0.001)
             running[ch] -= 1
-            if msg.body % 10 == 0 and msg.deliveries == 1:
+            if fail_every and msg.body % fail_every == 0 and msg.deliveries == 1:
                 raise RuntimeError("fails once")
             done.append(msg.body)
 
@@ -325,6 +288,26 @@ async def test_ordered_channels_of_three_processes_keep_their_order_through_park
             await b.close()
         await broker.stop()
     assert overlaps == []
-    retried = [n for n in range(60) if n % 10 == 0]
+    retried = [n for n in range(60) if fail_every and n % fail_every == 0]
     assert starts == {ch: sorted([*range(60), *retried]) for ch in channels}
+    return brokers
+
+
+async def test_ordered_channels_of_three_processes_keep_their_order(
+        broker: Broker, db_url: str, prefix: str) -> None:
+    """Three brokers publishing while they consume: each channel's messages start in
+    publish order, one at a time, and all start."""
+    await three_brokers_in_order(broker, db_url, prefix)
+
+
+async def test_ordered_channels_of_three_processes_keep_their_order_through_parking(
+        broker: Broker, db_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, with every tenth message failing once and retried after longer than
+    ORDERED_PARK_AFTER (made 0.3 s), so the three brokers' mending parks windows while
+    the others publish and take: the order holds, and windows were parked."""
+    monkeypatch.setattr(core_fair, "ORDERED_PARK_AFTER", 0.3)
+    monkeypatch.setattr(core_fair, "PARK_INTERVAL", 0.05)
+    monkeypatch.setattr(core_fair, "CHANNEL_LOOK_INTERVAL", 0.05)
+    brokers = await three_brokers_in_order(broker, db_url, prefix, fail_every=10,
+                                           retry=Retry.constant(1.0, max_attempts=3))
     assert sum(b.engine._mending.parked for b in brokers) > 0
