@@ -270,9 +270,23 @@ def _v17(conn: Connection, schema: Schema) -> None:
     """The limited channels' pick index without the messages of channels without limits,
     where an index can be partial (PostgreSQL, SQLite; see
     :func:`~sqlmq.schema.channel_due_index`): made anew. MySQL and MariaDB keep theirs."""
-    index = channel_due_index_of(schema)
-    if index.dialect_kwargs.get(f"{conn.dialect.name}_where") is None:
-        return  # a whole index on this database: nothing changed
+    _partial_anew(conn, schema, channel_due_index_of(schema))
+
+
+def _v18(conn: Connection, schema: Schema) -> None:
+    """The running counts' index without the messages of channels without limits, on
+    PostgreSQL (see :func:`~sqlmq.schema.channel_index`): made anew, as 17's. SQLite,
+    MySQL and MariaDB keep theirs."""
+    _partial_anew(conn, schema, channel_index_of(schema))
+
+
+def _partial_anew(conn: Connection, schema: Schema, index: Index) -> None:
+    """Make ``index`` anew where its condition leaves out the messages with a
+    ``fair_key`` (the condition those migrations changed); a database where it is whole
+    (MySQL, MariaDB) or another condition keeps its own."""
+    where = index.dialect_kwargs.get(f"{conn.dialect.name}_where")
+    if where is None or "fair_key" not in str(where):
+        return
     if index.name in _index_names(conn, schema):
         index.drop(conn)
     index.create(conn)
@@ -308,7 +322,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
-    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17}
+    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17, 18: _v18}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -168,14 +168,37 @@ def _channel_columns() -> list[Column[Any]]:
     return [Column("channel", QueueName()), Column("channel_due_at", UTCDateTime())]
 
 
+#: Which messages :func:`channel_index` holds on PostgreSQL: those of limited channels,
+#: which alone have no ``fair_key``.
+CHANNEL_WHERE = "channel IS NOT NULL AND fair_key IS NULL"
+
+
 def channel_index(message: Table) -> Index:
-    """``(channel, state, channel_due_at)``: a channel's running deliveries (the count its
-    concurrency limit is held to), its due messages in order, and its size. Partial where
-    the database can (no entry for a message without a channel); MySQL and MariaDB cannot."""
+    """``(channel, state, channel_due_at)``: a limited channel's running deliveries (the
+    count its concurrency limit is held to). Partial where the database can (no entry for
+    a message without a channel); MySQL and MariaDB cannot.
+
+    Since version 18 PostgreSQL's leaves out the messages of channels without limits too,
+    as :func:`channel_due_index` does since 17: nothing counts their running deliveries,
+    and each of their publishes and takes wrote an entry of it (a channel's size is counted
+    on ``channel_key_index``). The drain of 1,000 channels without limits, four alternating
+    pairs: 34,900-36,600 -> 35,500-38,700 msg/s. A count of running deliveries then says
+    ``fair_key IS NULL``, so that the planner may read it (:func:`limited_rows`). SQLite's
+    stays as it was: with statistics, its planner read such a count by ``(channel,
+    fair_key)``, every message of a limited channel, rather than by ``(channel, state)``,
+    and SQLAlchemy renders no index hint for it."""
     return Index(f"ix_{message.name}_channel", message.c.channel, message.c.state,
                  message.c.channel_due_at,
-                 postgresql_where=text("channel IS NOT NULL"),
+                 postgresql_where=text(CHANNEL_WHERE),
                  sqlite_where=text("channel IS NOT NULL"))
+
+
+def limited_rows(index: Index, dialect_name: str, m: Any) -> list[Any]:
+    """What a count of a limited channel's running deliveries in message table ``m`` adds
+    so that the planner may read ``index`` (:func:`channel_index`), where it holds those
+    of limited channels only: ``fair_key IS NULL``, which such a channel's messages have."""
+    where = index.dialect_kwargs.get(f"{dialect_name}_where")
+    return [m.c.fair_key.is_(None)] if where is not None and "fair_key" in str(where) else []
 
 
 def fair_index(message: Table) -> Index:

@@ -433,6 +433,44 @@ async def test_the_limited_pick_reads_its_partial_index_in_order(broker: Broker)
     assert first["c3", 1] == urgent
 
 
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
+async def test_a_limited_channels_running_count_reads_its_partial_index(
+        broker: Broker) -> None:
+    """The count a concurrency limit is held to reads the index ``(channel, state,
+    channel_due_at)`` (on PostgreSQL partial on ``fair_key IS NULL`` since schema version
+    18, the messages of limited channels only), not ``(channel, fair_key, id)``, which
+    holds all of a limited channel's messages under one NULL key: the acquire's count
+    (``ChannelSql.running``) and, on SQLite, the passing settle's own (``SLOT_LIMITS``);
+    each channel's running deliveries counted."""
+    import re
+
+    await broker.set_channel_default("q", max_concurrency=2)
+    for i in range(10):
+        await broker.publish_batch("q", [b"x"] * 200, channel=f"c{i}")
+        await broker.publish_batch("free", [b"x"] * 200, channel=f"f{i}")
+    taken = await broker.engine.acquire(["q"], 4, 30)
+    m = broker.schema.message.name
+    async with broker.db.begin() as conn:
+        await conn.execute(text(f"ANALYZE {m}"))
+    names = sorted({d.channel for d in taken})
+    index = re.compile(rf"\bix_{m}_channel\b(?!_)")
+    async with broker.db.connect() as conn:
+        bound = broker.engine._channel_sql.running.params(names=names)
+        sql = str(bound.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        if conn.dialect.name == "sqlite":
+            plans = [" | ".join(r[3] for r in await conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN " + sql))]
+            slot = broker.engine._slot_limits_sql
+            plans.append(" | ".join(r[3] for r in (await conn.execute(
+                text("EXPLAIN QUERY PLAN " + slot), {"names": json.dumps(names)})).all()))
+        else:
+            plans = [" | ".join(r[0] for r in await conn.exec_driver_sql("EXPLAIN " + sql))]
+        counts = dict((await conn.exec_driver_sql(sql)).all())
+    for plan in plans:
+        assert index.search(plan), plan
+    assert counts == {name: sum(1 for d in taken if d.channel == name) for name in names}
+
+
 @pytest.mark.parametrize("db_kind", ["mariadb"])
 async def test_mariadb_passing_settle_probes_one_entry_per_channel_for_its_next_head(
         broker: Broker) -> None:

@@ -169,7 +169,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 17
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 18
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -276,7 +276,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 17
+        assert await broker.migrate() == SCHEMA_VERSION == 18
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -313,7 +313,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 17
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 18
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -359,7 +359,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 17
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 18
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -389,8 +389,12 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         a = await brokers[0].publish_batch("q", [b"a"] * (q + 1), channel="a")
         (b1,) = await brokers[0].publish_batch("q", [b"b1"], channel="b")
         async with brokers[0].db.begin() as conn:
-            for index in ("fair", "channel_key", "channel_due"):  # 14 made the last
+            for index in ("fair", "channel_key", "channel_due", "channel"):  # 14 the third
                 await conn.execute(text(_drop_index(db_url, f"ix_{m.name}_{index}", m.name)))
+            await conn.execute(text(  # version 10's, before 18 left fair_key in its condition
+                f"CREATE INDEX ix_{m.name}_channel ON {m.name} (channel, state, channel_due_at)"
+                + ("" if db_url.startswith(("mysql", "mariadb"))
+                   else " WHERE channel IS NOT NULL")))
             await conn.execute(text(f"ALTER TABLE {m.name} DROP COLUMN fair_key"))
             await conn.execute(text(f"ALTER TABLE {c.name} DROP COLUMN last_turn"))
             await conn.execute(text(f"DROP TABLE {schema.channel_clock.name}"))
@@ -398,7 +402,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 17
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 18
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -454,7 +458,7 @@ async def test_version_14_brings_ordered_channels_into_the_fair_order(
                                .where(broker.schema.version.c.version >= 14))
         with pytest.raises(SchemaError, match="version 13"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 17
+        assert await broker.migrate() == SCHEMA_VERSION == 18
         await broker.check_schema()
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([by_default[0], free[0], free[1]])
@@ -493,7 +497,7 @@ async def test_version_15_gives_every_database_the_limited_channels_pick_index(
                                .where(broker.schema.version.c.version >= 15))
         with pytest.raises(SchemaError, match="version 14"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 17
+        assert await broker.migrate() == SCHEMA_VERSION == 18
         async with broker.db.connect() as conn:
             names = await conn.run_sync(
                 lambda c: {ix["name"] for ix in inspect(c).get_indexes(m.name)})
@@ -526,7 +530,7 @@ async def test_version_16_adds_the_channels_size_bound_to_a_version_15_schema(
                                .where(broker.schema.version.c.version >= 16))
         with pytest.raises(SchemaError, match="version 15"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 17
+        assert await broker.migrate() == SCHEMA_VERSION == 18
         async with broker.db.connect() as conn:
             assert (await conn.execute(select(c.c.size_bound))).scalars().all() == [None]
         await broker.publish("q", b"c", channel="c")
@@ -537,48 +541,84 @@ async def test_version_16_adds_the_channels_size_bound_to_a_version_15_schema(
         drop_tables(db_url, prefix)
 
 
+async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
+                         where: str, version: int) -> str | None:
+    """Put index ``name`` of the message table back as version ``version - 1`` made it
+    (``columns``, and ``where`` where an index can be partial), forget the versions from
+    ``version`` on, migrate, and return the index's condition as it is then."""
+    from sqlalchemy import text
+
+    m = broker.schema.message.name
+    whole = db_url.startswith(("mysql", "mariadb"))
+    async with broker.db.begin() as conn:
+        await conn.execute(text(_drop_index(db_url, name, m)))
+        await conn.execute(text(f"CREATE INDEX {name} ON {m} ({columns})"
+                                + ("" if whole else f" WHERE {where}")))
+        await conn.execute(broker.schema.version.delete()
+                           .where(broker.schema.version.c.version >= version))
+    with pytest.raises(SchemaError, match=f"version {version - 1}"):
+        await broker.check_schema()
+    assert await broker.migrate() == SCHEMA_VERSION == 18
+    async with broker.db.connect() as conn:
+        return await conn.run_sync(lambda c: next(
+            _partial(c, ix) for ix in inspect(c).get_indexes(m) if ix["name"] == name))
+
+
 async def test_version_17_leaves_channels_without_limits_out_of_the_limited_pick_index(
         db_url: str, prefix: str) -> None:
     """Version 16's limited channels' pick index held every waiting channel message; 17
     makes it anew with the messages of limited channels only (no ``fair_key``), where an
     index can be partial, and leaves MySQL's and MariaDB's whole one as it was. Limited
     and ordered channels are served as before, from the rows the older schema wrote."""
-    from sqlalchemy import text
-
     broker = Broker(db_url, table_prefix=prefix)
-    m = broker.schema.message
-    name = f"ix_{m.name}_channel_due"
-    old = (f"CREATE INDEX {name} ON {m.name} (channel, priority DESC, channel_due_at, id)"
-           + ("" if db_url.startswith(("mysql", "mariadb"))
-              else " WHERE channel_due_at IS NOT NULL"))
-
-    async def condition() -> str | None:
-        async with broker.db.connect() as conn:
-            return await conn.run_sync(lambda c: next(
-                _partial(c, ix) for ix in inspect(c).get_indexes(m.name)
-                if ix["name"] == name))
-
     try:
         await broker.migrate()
         await broker.set_channel_default("q", max_concurrency=1)
         await broker.set_channel("o", ordered=True, queue="q")
         limited = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
         ordered = await broker.publish_batch("q", [b"o1", b"o2"], channel="o")
-        async with broker.db.begin() as conn:
-            await conn.execute(text(_drop_index(db_url, name, m.name)))
-            await conn.execute(text(old))
-            await conn.execute(broker.schema.version.delete()
-                               .where(broker.schema.version.c.version >= 17))
-        with pytest.raises(SchemaError, match="version 16"):
-            await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 17
-        partial = await condition()
+        partial = await _index_back_to(
+            broker, db_url, f"ix_{broker.schema.message.name}_channel_due",
+            "channel, priority DESC, channel_due_at, id", "channel_due_at IS NOT NULL", 17)
         if db_url.startswith(("mysql", "mariadb")):
             assert partial is None
         else:
             assert partial is not None and "fair_key IS NULL" in partial
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([limited[0], ordered[0]])
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_18_leaves_channels_without_limits_out_of_the_running_count_index(
+        db_url: str, prefix: str) -> None:
+    """Version 17's running count index held every channel message; 18 makes it anew on
+    PostgreSQL with the messages of limited channels only (no ``fair_key``), and leaves
+    SQLite's, MySQL's and MariaDB's as they were. A limited channel's running delivery
+    still holds its limit, and a channel without limits is served."""
+    broker = Broker(db_url, table_prefix=prefix)
+    try:
+        await broker.migrate()
+        await broker.set_channel("a", max_concurrency=1, queue="q")
+        limited = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
+        free = await broker.publish_batch("q", [b"f1", b"f2"], channel="f")
+        first = {d.id: d for d in await broker.engine.acquire(["q"], 10, 30)}
+        assert set(first) == {limited[0], *free}
+        partial = await _index_back_to(
+            broker, db_url, f"ix_{broker.schema.message.name}_channel",
+            "channel, state, channel_due_at", "channel IS NOT NULL", 18)
+        if db_url.startswith(("mysql", "mariadb")):
+            assert partial is None
+        elif db_url.startswith("sqlite"):
+            assert partial == "channel IS NOT NULL"
+        else:
+            assert partial == "channel IS NOT NULL AND fair_key IS NULL"
+        assert await broker.engine.acquire(["q"], 10, 30) == []  # a's one slot is taken
+        d = first[limited[0]]
+        assert await broker.engine.settle(
+            [Settlement(d.id, d.deliveries, Outcome.COMPLETE)]) == {d.id}
+        assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [limited[1]]
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

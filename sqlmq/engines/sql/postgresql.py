@@ -387,7 +387,8 @@ UNION ALL SELECT id FROM moved
 # running count never grows. The statement's snapshot still sees the landed deliveries
 # running, so the room left is the limit less the count plus what landed (a limited
 # channel's messages have no fair_key: saying so lets the read use the limited channels'
-# pick index, partial on it since schema version 17). Each ordered channel without other
+# pick index, partial on it since schema version 17, and the count the index of running
+# deliveries, since 18). Each ordered channel without other
 # limits whose head this archives starts its next message in key order (ACQUIRE_FAIR's
 # order), if it waits, is due and is not blocked: the first of the channel's rows but the
 # archived ones (which the snapshot still sees), one probe of the index (channel,
@@ -412,7 +413,8 @@ SETTLE_PASSING = SETTLE.rsplit("SELECT id FROM archived", 1)[0] + """, landed AS
     FROM freed AS f CROSS JOIN LATERAL (
         SELECT """ + passing_limit() + """ AS most,
                (SELECT count(*) FROM {m} AS r
-                WHERE r.channel = f.channel AND r.state = 'PROCESSING') AS running
+                WHERE r.channel = f.channel AND r.fair_key IS NULL
+                  AND r.state = 'PROCESSING') AS running
         FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
         WHERE c.name = f.channel
     ) AS lim
