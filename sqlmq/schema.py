@@ -181,8 +181,9 @@ def channel_index(message: Table) -> Index:
     Since version 18 PostgreSQL's leaves out the messages of channels without limits too,
     as :func:`channel_due_index` does since 17: nothing counts their running deliveries,
     and each of their publishes and takes wrote an entry of it (a channel's size is counted
-    on ``channel_key_index``). The drain of 1,000 channels without limits, four alternating
-    pairs: 34,900-36,600 -> 35,500-38,700 msg/s. A count of running deliveries then says
+    on ``channel_key_index``). The drain of 1,000 channels without limits, ten alternating
+    pairs against version 17: 5.5 % faster (the median ratio). A count of running
+    deliveries then says
     ``fair_key IS NULL``, so that the planner may read it (:func:`limited_rows`). SQLite's
     stays as it was: with statistics, its planner read such a count by ``(channel,
     fair_key)``, every message of a limited channel, rather than by ``(channel, state)``,

@@ -387,9 +387,9 @@ UNION ALL SELECT id FROM moved
 # running count never grows. The statement's snapshot still sees the landed deliveries
 # running, so the room left is the limit less the count plus what landed (a limited
 # channel's messages have no fair_key: saying so lets the read use the limited channels'
-# pick index, partial on it since schema version 17, and the count the index of running
-# deliveries, since 18). Each ordered channel without other
-# limits whose head this archives starts its next message in key order (ACQUIRE_FAIR's
+# pick index, partial on it since schema version 17, and the count the running
+# deliveries' index, partial on it since 18). Each ordered channel without other limits
+# whose head this archives starts its next message in key order (ACQUIRE_FAIR's
 # order), if it waits, is due and is not blocked: the first of the channel's rows but the
 # archived ones (which the snapshot still sees), one probe of the index (channel,
 # fair_key, id); and lets the next one in as the fair take of a head does.
