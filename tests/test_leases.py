@@ -99,7 +99,7 @@ async def test_renewed_lease_outlives_a_handler_three_times_longer_than_the_leas
     db_url: str, prefix: str, broker: Broker
 ) -> None:
     """Renewed every third of the lease, a handler three leases long keeps it. Unless the
-    process itself stalled for a third of a lease (the suite's five processes, their
+    process itself stalled for a quarter of a lease (the suite's five processes, their
     workers and both databases on two cores did it once): then a handler whose renewal
     could not come back in time is cancelled before the lease ends, counted, and its
     message runs again and is archived once, as designed. A keeper that fails while the
@@ -129,7 +129,7 @@ async def test_renewed_lease_outlives_a_handler_three_times_longer_than_the_leas
     assert [(r["id"], r["state"], r["deliveries_count"]) for r in archived] == [
         (i, "COMPLETED", runs[i]) for i in ids]
     assert counters.stale == 0
-    if stalls.worst < lease / 3:
+    if stalls.worst < lease / 4:  # a late renewal needs a stall of a third of a lease
         assert sorted(calls) == [(i, 1) for i in ids]
         assert (counters.lost_leases, counters.late_renewals) == (0, 0)
     else:  # the process stalled: every delivery after a message's first was a lost lease

@@ -121,8 +121,10 @@ class LeaseKeeper:
         every = self.cfg.lease / 3
         due = loop.time() + every
         while True:
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            self._woke(loop.time() - due, every)
+            wait = due - loop.time()
+            await asyncio.sleep(max(0.0, wait))
+            if wait > 0:  # else the last renewal itself ran past this one's time
+                self._woke(loop.time() - due, every)
             due = loop.time() + every
             try:
                 await self.renew()
@@ -132,10 +134,11 @@ class LeaseKeeper:
                 backoff.succeeded()
 
     def _woke(self, late: float, every: float) -> None:
-        """Say when the renewal woke more than a third of a lease late: the event loop was
-        blocked (a handler's synchronous work) or the process starved of CPU, and any
-        handler whose lease ran out meanwhile is cancelled, its message delivered again.
-        Its warning alone did not say why no renewal had come."""
+        """Say when the renewal's wait ended more than a third of a lease late: the event
+        loop was blocked (a handler's synchronous work) or the process starved of CPU, and
+        any handler whose lease ran out meanwhile is cancelled, its message delivered
+        again. Its warning alone did not say why no renewal had come. (A renewal that
+        itself outlasts the interval, a slow database, is not this.)"""
         if late > every:
             self.counters.late_renewals += 1
             log.warning("lease renewal for %s woke %.2fs late (due every %.2fs): the event "
