@@ -174,7 +174,7 @@ class HeadMending(Aside):
     costs a few index probes per ordered channel."""
 
     mend: Callable[[AsyncConnection], Awaitable[int]]
-    park: Callable[[AsyncConnection], Awaitable[int]] | None = None
+    park: Callable[[AsyncConnection], Awaitable[int]]
     what: str = "letting in the next messages of ordered channels"
     mended_at: float = field(default=float("-inf"))
     parked_at: float = field(default=float("-inf"))
@@ -199,7 +199,7 @@ class HeadMending(Aside):
         if n:
             self.let_in += n
             log.debug("let in the next message of %d ordered channel(s) that had none", n)
-        if self.park is None or time.monotonic() - self.parked_at < PARK_INTERVAL:
+        if time.monotonic() - self.parked_at < PARK_INTERVAL:
             return
         self.parked_at = time.monotonic()
         if n := await transaction(self.park):
@@ -241,8 +241,7 @@ class Parking:
         # reads its own table.
         followers = select(f.c.id).where(
             f.c.channel.in_(names), f.c.fair_key < _BLOCKED, f.c.state.in_(_WAITING),
-            f.c.id != _first_id(schema, f.c.channel),
-            _waits_long(schema, f.c.channel)).subquery("x")
+            _waits_long(schema, f.c.channel, besides=f.c.id)).subquery("x")
         self.block = (update(m).where(m.c.id.in_(select(followers.c.id)),
                                       m.c.fair_key < _BLOCKED)
                       .values(fair_key=m.c.fair_key + _BLOCKED))
@@ -574,11 +573,8 @@ def _next_in_order(schema: Schema) -> Any:
     per channel, whatever its backlog. A head still running or waiting to retry is its
     channel's first, and holds it back."""
     m, c = schema.message, schema.channel
-    o = m.alias("o")
-    first = (select(o.c.id).where(o.c.channel == c.c.name, o.c.fair_key.is_not(None))
-             .order_by(o.c.fair_key, o.c.id).limit(1).correlate(c).scalar_subquery())
     return (select(m.c.id, m.c.channel, m.c.channel_due_at)
-            .select_from(c.join(m, m.c.id == first))
+            .select_from(c.join(m, m.c.id == _first_id(schema, c.c.name)))
             .where(c.c.name.in_(bindparam("names", expanding=True)),
                    m.c.queue.in_(bindparam("queues", expanding=True)),
                    m.c.state.in_(_WAITING), m.c.fair_key < _BLOCKED,
@@ -609,11 +605,14 @@ def _first_id(schema: Schema, channel: Any) -> Any:
             .order_by(u.c.fair_key, u.c.id).limit(1).correlate_except(u).scalar_subquery())
 
 
-def _waits_long(schema: Schema, channel: Any) -> Any:
+def _waits_long(schema: Schema, channel: Any, besides: Any = None) -> Any:
     """``channel``'s head waits, and is due more than
-    :data:`~sqlmq.channels.ORDERED_PARK_AFTER` from now (:class:`Parking`)."""
+    :data:`~sqlmq.channels.ORDERED_PARK_AFTER` from now (:class:`Parking`); with
+    ``besides`` (an id), the head is another message than that one."""
     h = schema.message.alias("h")
-    return (exists().where(h.c.id == _first_id(schema, channel), h.c.state.in_(_WAITING),
+    other = [] if besides is None else [h.c.id != besides]
+    return (exists().where(h.c.id == _first_id(schema, channel), *other,
+                           h.c.state.in_(_WAITING),
                            h.c.channel_due_at > db_now_plus(literal(ORDERED_PARK_AFTER)))
             .correlate_except(h))
 
