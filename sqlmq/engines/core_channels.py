@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -100,7 +100,7 @@ class ChannelStatements(FairAcquire):
     #: See :meth:`_reads_fresh_under_locks` (None: not read yet).
     _fresh_reads: bool | None = None
     #: Per list of queues: when (monotonic) its soonest rate-limited channel may start
-    #: again, as the last acquire that found no channel to start saw it.
+    #: again, as the last acquire that started none saw it (:func:`_next_try`).
     _rate_waits: dict[tuple[str, ...], float | None]
     #: The engine's transaction runner (settle_onward's, PostgreSQL's retrying one).
     _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
@@ -177,23 +177,21 @@ class ChannelStatements(FairAcquire):
                 return rows, None
             return rows, time.monotonic() + (soonest.at - soonest.now).total_seconds()
 
-        others = self._fair_spread.get(tuple(queues), 0)
+        serve = partial(self._serve, queues=queues, limit=limit, lease=lease,
+                        others=self._fair_spread.get(tuple(queues), 0))
         if await self._reads_fresh_under_locks():
-            async def both(conn: AsyncConnection) -> tuple[list[Delivery], float | None]:
-                candidates, wait = await read(conn)
-                if not candidates:
-                    return [], wait
-                return await self._serve(conn, queues, limit, lease, candidates, others), None
+            async def both(conn: AsyncConnection) -> tuple[Any, float | None, list[Delivery]]:
+                found, wait = await read(conn)
+                return found, wait, (await serve(conn, candidates=found) if found else [])
 
-            out, self._rate_waits[tuple(queues)] = await self._transaction(both)
-            return out
-        # Apart from the serve: inside it, under REPEATABLE READ (a caller's own engine),
-        # the recount would read the snapshot this read took before the locks.
-        candidates, self._rate_waits[tuple(queues)] = await self._transaction(read)
-        if not candidates:
-            return []
-        return await self._transaction(
-            lambda conn: self._serve(conn, queues, limit, lease, candidates, others))
+            candidates, wait, out = await self._transaction(both)
+        else:  # apart from the serve: inside it, under REPEATABLE READ (a caller's own
+            # engine), the recount would read the snapshot this read took before the locks
+            candidates, wait = await self._transaction(read)
+            out = (await self._transaction(partial(serve, candidates=candidates))
+                   if candidates else [])
+        self._rate_waits[tuple(queues)] = _next_try(out, candidates) if candidates else wait
+        return out
 
     async def _reads_fresh_under_locks(self) -> bool:
         """Whether a statement after the channel locks sees what other transactions
@@ -713,6 +711,20 @@ def _due_in(schema: Schema, dialect: Dialect) -> Any:
     if dialect.name in ("mysql", "mariadb"):
         return due.limit(1).scalar_subquery().is_not(None)
     return due.exists()
+
+
+def _next_try(out: Sequence[Delivery], candidates: Sequence[Any]) -> float | None:
+    """When (monotonic) to look again for the rate-limited ``candidates`` of a serve that
+    started nothing (``out`` empty): another process held their rows, or started one just
+    before, so the soonest may start one interval of its rate after now. Without it the
+    loser fell back on the fetcher's idle backoff, which doubles while acquires find
+    nothing, and never met the channel's starts again: three processes on a channel at
+    20/s, one of them made all 201 starts (the rate test, in CI). None: something started,
+    or no candidate has a rate."""
+    if out:
+        return None
+    rates = [r for r in (effective(c).rate for c in candidates) if r]
+    return time.monotonic() + 1 / max(rates) if rates else None
 
 
 def _running(schema: Schema, dialect: Dialect) -> Any:
