@@ -280,6 +280,21 @@ def _v18(conn: Connection, schema: Schema) -> None:
     _partial_anew(conn, schema, channel_index_of(schema))
 
 
+def _v19(conn: Connection, schema: Schema) -> None:
+    """The message table's ``ordered`` (0 by default: a constant, no table is rewritten),
+    set on the keyed messages of the channels ordered without other limits, whose keys
+    :func:`_v14` and :func:`.engines.core_fair.rekey` gave as an ordered channel's: the
+    fair acquire reads it from the row instead of looking up each row's channel."""
+    m = schema.message
+    if "ordered" not in {col["name"] for col in inspect(conn).get_columns(m.name)}:
+        conn.execute(AddColumn(m.c.ordered))
+    names = [r.name for r, settings in _channel_settings(conn, schema)
+             if settings.ordered and not settings.limited]
+    for start in range(0, len(names), 500):
+        conn.execute(update(m).where(m.c.channel.in_(names[start : start + 500]),
+                                     m.c.fair_key.is_not(None)).values(ordered=1))
+
+
 def _partial_anew(conn: Connection, schema: Schema, index: Index) -> None:
     """Make ``index`` anew where its condition leaves out the messages with a
     ``fair_key`` (the condition those migrations changed); a database where it is whole
@@ -322,7 +337,8 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
-    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17, 18: _v18}
+    11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17, 18: _v18,
+    19: _v19}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -396,6 +396,10 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         *_control_columns(),  # schema version 9
         *_channel_columns(),  # schema version 10
         Column("fair_key", BigInteger),  # schema version 13: see fair_index
+        # schema version 19: 1 if the message's key was given by an ordered channel (see
+        # sqlmq.engines.core_fair.rekey), so the fair acquire tells an ordered channel's
+        # message from another without looking its channel up, once per row it reads.
+        Column("ordered", Integer, nullable=False, server_default=text("0")),
         *_key_and_lease_indexes(m),
         # Without AUTOINCREMENT SQLite reuses the ids of deleted rows: once the newest
         # messages are archived, a new message would get an id the archive already has.

@@ -433,6 +433,53 @@ async def test_the_limited_pick_reads_its_partial_index_in_order(broker: Broker)
     assert first["c3", 1] == urgent
 
 
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_the_fair_acquire_reads_the_fair_index_and_takes_its_rows_by_id(
+        broker: Broker, ordered: bool) -> None:
+    """The fair acquire, as the engine runs it (its planner settings, a generic plan),
+    over 200 channels of 100 with statistics: the fair index read in order, each taken
+    row fetched by its id; nothing reads the message table or its primary key whole.
+    Since the fair read reads an ordered channel's mark from the row (schema version 19)
+    instead of looking its channel up, the planner expects as many rows as asked; the take
+    joined to ready by id alone then walked the primary key from its start to the highest
+    id taken (a merge join), as much of the table as the backlog before it."""
+    from sqlalchemy import text
+
+    engine = broker.engine
+    assert isinstance(engine, PostgresEngine)
+    if ordered:
+        await broker.set_channel_default("q", ordered=True)
+    for i in range(200):
+        await broker.publish_batch("q", [b"x"] * 100, channel=f"c{i}")
+    m = broker.schema.message.name
+    async with broker.db.begin() as conn:
+        await conn.execute(text(f"ANALYZE {m}"))
+    if ordered:  # every head running: the read goes through their followers
+        assert len(await engine.acquire(["q"], 200, 30.0)) == 200
+    conn = await engine._checkout()
+    raw = await driver_connection(conn)
+    try:
+        await raw.execute(postgresql.INDEX_PLANS_ON)
+        tr = raw.transaction()
+        await tr.start()
+        try:
+            plan = _plan(await raw.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) "
+                                            + engine._acquire_fair_sql, ["q"], 500, 30.0))
+        finally:
+            await tr.rollback()
+    finally:
+        await engine._checkin(conn)
+    nodes = _nodes(plan)
+    reads = [n for n in nodes
+             if n.get("Relation Name") == m and n["Node Type"].endswith("Scan")]
+    assert f"ix_{m}_fair" in {n.get("Index Name") for n in reads}, nodes
+    unbounded = [n for n in reads if "Index Cond" not in n
+                 or n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan")]
+    assert not unbounded, unbounded
+    assert plan["Actual Rows"] == (0 if ordered else 500)
+
+
 @pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
 async def test_a_limited_channels_running_count_reads_its_partial_index(
         broker: Broker) -> None:

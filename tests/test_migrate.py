@@ -169,7 +169,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 18
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 19
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -276,7 +276,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 18
+        assert await broker.migrate() == SCHEMA_VERSION == 19
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -313,7 +313,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 18
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 19
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -359,7 +359,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 18
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 19
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -402,7 +402,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 18
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 19
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -458,7 +458,7 @@ async def test_version_14_brings_ordered_channels_into_the_fair_order(
                                .where(broker.schema.version.c.version >= 14))
         with pytest.raises(SchemaError, match="version 13"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 18
+        assert await broker.migrate() == SCHEMA_VERSION == 19
         await broker.check_schema()
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([by_default[0], free[0], free[1]])
@@ -497,7 +497,7 @@ async def test_version_15_gives_every_database_the_limited_channels_pick_index(
                                .where(broker.schema.version.c.version >= 15))
         with pytest.raises(SchemaError, match="version 14"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 18
+        assert await broker.migrate() == SCHEMA_VERSION == 19
         async with broker.db.connect() as conn:
             names = await conn.run_sync(
                 lambda c: {ix["name"] for ix in inspect(c).get_indexes(m.name)})
@@ -530,7 +530,7 @@ async def test_version_16_adds_the_channels_size_bound_to_a_version_15_schema(
                                .where(broker.schema.version.c.version >= 16))
         with pytest.raises(SchemaError, match="version 15"):
             await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 18
+        assert await broker.migrate() == SCHEMA_VERSION == 19
         async with broker.db.connect() as conn:
             assert (await conn.execute(select(c.c.size_bound))).scalars().all() == [None]
         await broker.publish("q", b"c", channel="c")
@@ -558,7 +558,7 @@ async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
                            .where(broker.schema.version.c.version >= version))
     with pytest.raises(SchemaError, match=f"version {version - 1}"):
         await broker.check_schema()
-    assert await broker.migrate() == SCHEMA_VERSION == 18
+    assert await broker.migrate() == SCHEMA_VERSION == 19
     async with broker.db.connect() as conn:
         return await conn.run_sync(lambda c: next(
             _partial(c, ix) for ix in inspect(c).get_indexes(m) if ix["name"] == name))
@@ -619,6 +619,49 @@ async def test_version_18_leaves_channels_without_limits_out_of_the_running_coun
         assert await broker.engine.settle(
             [Settlement(d.id, d.deliveries, Outcome.COMPLETE)]) == {d.id}
         assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [limited[1]]
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_19_marks_the_ordered_channels_messages(db_url: str, prefix: str) -> None:
+    """A version-18 schema has no ``ordered`` column: the migration adds it, marks the keyed
+    messages of the channels ordered without other limits (by their own settings or their
+    queue's default) and no others, and the fair acquire then holds an ordered channel's
+    followers back behind its running head, from those marks alone."""
+    from sqlalchemy import text
+
+    broker = Broker(db_url, table_prefix=prefix)
+    m = broker.schema.message
+    try:
+        await broker.migrate()
+        await broker.set_channel("own", ordered=True, queue="q")
+        await broker.set_channel_default("q", ordered=True)
+        await broker.set_channel("free", max_size=100, queue="q")  # no limits, not ordered
+        await broker.set_channel("lim", ordered=True, max_concurrency=1, queue="q")
+        own = await broker.publish_batch("q", [b"o1", b"o2"], channel="own")
+        by_default = await broker.publish_batch("q", [b"d1", b"d2"], channel="dflt")
+        free = await broker.publish_batch("q", [b"f1", b"f2"], channel="free")
+        lim = await broker.publish_batch("q", [b"l1", b"l2"], channel="lim")
+        async with broker.db.begin() as conn:
+            await conn.execute(text(f"ALTER TABLE {m.name} DROP COLUMN ordered"))
+            await conn.execute(broker.schema.version.delete()
+                               .where(broker.schema.version.c.version >= 19))
+        with pytest.raises(SchemaError, match="version 18"):
+            await broker.check_schema()
+        assert await broker.migrate() == SCHEMA_VERSION == 19
+        await broker.check_schema()
+        async with broker.db.connect() as conn:
+            marks = dict((await conn.execute(select(m.c.id, m.c.ordered))).all())
+        assert marks == {**dict.fromkeys([*own, *by_default], 1),
+                         **dict.fromkeys([*free, *lim], 0)}
+        got = await broker.engine.acquire(["q"], 10, 30)
+        assert sorted(d.id for d in got) == sorted([own[0], by_default[0], *free, lim[0]])
+        assert await broker.engine.acquire(["q"], 10, 30) == []
+        await broker.engine.settle([Settlement(d.id, d.deliveries, Outcome.COMPLETE)
+                                    for d in got])
+        got = await broker.engine.acquire(["q"], 10, 30)
+        assert sorted(d.id for d in got) == sorted([own[1], by_default[1], lim[1]])
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

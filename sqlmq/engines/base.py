@@ -36,7 +36,7 @@ from ..sqltime import db_now_plus
 from .contract import DeadLetterSource, WakeSource
 from .core_channels import ChannelAdmin, ChannelStatements
 from .core_control import ControlStatements
-from .core_fair import requeued_key
+from .core_fair import requeued_key, requeued_order
 from .core_insights import ArchiveInsights
 from .core_operations import OperationStatements
 from .core_publish import KEYED_TRIES, Flow, Step, publish_flow, run_flow, run_flow_sync
@@ -347,13 +347,14 @@ class ArchiveAndStatsMixin:
                     literal(0), literal(0), a.c.created_at,
                     case((a.c.channel.is_(None), now)), a.c.error, a.c.history, a.c.priority,
                     a.c.channel, case((a.c.channel.is_not(None), now)),
-                    requeued_key(a, turns),
+                    requeued_key(a, turns), requeued_order(a, turns),
                 ).where(a.c.id.in_(chunk))
                 await conn.execute(
                     insert(m).from_select(
                         ["id", "queue", "headers", "payload", "state", "attempts_count",
                          "deliveries_count", "created_at", "next_attempt_at", "last_error",
-                         "history", "priority", "channel", "channel_due_at", "fair_key"],
+                         "history", "priority", "channel", "channel_due_at", "fair_key",
+                         "ordered"],
                         src,
                     )
                 )

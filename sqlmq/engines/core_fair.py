@@ -438,16 +438,18 @@ async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
     the channel's last turn or its queue's clock. Ordered, every message gets a new key
     without its priority, its running ones first: key order is then the order they may
     start in, whatever keys the earlier settings gave, and the waiting ones past the first
-    :data:`~sqlmq.channels.ORDERED_WINDOW` wait :data:`~sqlmq.channels.BLOCKED`; no longer
-    ordered, blocked keys are given anew."""
+    :data:`~sqlmq.channels.ORDERED_WINDOW` wait :data:`~sqlmq.channels.BLOCKED`, all of
+    them marked ``ordered`` (what the fair acquire reads instead of the channel's settings);
+    no longer ordered, blocked keys are given anew and the marks taken off."""
     c, m, k = schema.channel, schema.message, schema.channel_clock
     mine = m.c.channel.in_(names)
     if settings.limited or settings.ordered:
         await conn.execute(update(m).where(mine, m.c.fair_key.is_not(None))
-                           .values(fair_key=None))
+                           .values(fair_key=None, ordered=0))
     else:  # blocked keys, of an ordered channel that is no longer: out of the fair read
         await conn.execute(update(m).where(mine, m.c.fair_key >= _BLOCKED)
                            .values(fair_key=None))
+        await conn.execute(update(m).where(mine, m.c.ordered != 0).values(ordered=0))
     if settings.limited:
         return
     keyless = (await conn.execute(select(m.c.id, m.c.channel, m.c.priority, m.c.state).where(
@@ -472,9 +474,16 @@ async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
         keys.append({"i": r.id, "k": Turns(last[r.channel], settings.ordered, room)
                      .key(r.priority)})
     await conn.execute(update(m).where(m.c.id == bindparam("i")).values(
-        fair_key=bindparam("k")), keys)
+        fair_key=bindparam("k"), ordered=int(settings.ordered)), keys)
     await conn.execute(update(c).where(c.c.name == bindparam("n")).values(
         last_turn=bindparam("t")), [{"n": n, "t": t} for n, t in last.items()])
+
+
+def requeued_order(archive: Any, turns: dict[str, Turns]) -> Any:
+    """The ``ordered`` mark of an archived row requeued to its channel: 1 if
+    :func:`requeued_key` gives it an ordered channel's key."""
+    ordered = {name: literal(1) for name, t in turns.items() if t.ordered}
+    return case(ordered, value=archive.c.channel, else_=literal(0)) if ordered else literal(0)
 
 
 def requeued_key(archive: Any, turns: dict[str, Turns]) -> Any:
@@ -516,7 +525,7 @@ def is_ordered(c: Any, d: Any) -> Any:
 
 def _ordered_free(c: Any, d: Any) -> Any:
     """A channel row (``c``, ``d`` outer-joined) is ordered without other limits
-    (:func:`_fair_kind` 1): the channels whose messages may wait blocked."""
+    (:func:`.sql.fair_kind` 1): the channels whose messages may wait blocked."""
     return and_(is_ordered(c, d), ~limited(c, d))
 
 
@@ -525,15 +534,6 @@ def with_default(schema: Schema) -> Any:
     :func:`is_ordered` read it."""
     c, d = schema.channel, schema.channel_default
     return c.outerjoin(d, d.c.queue == c.c.queue)
-
-
-def _fair_kind(schema: Schema, m: Any) -> Any:
-    """Message ``m``'s channel, looked up: 0 without limits, 1 ordered without other
-    limits, 2 limited (:func:`.sql.fair_kind` is its raw-SQL twin)."""
-    c, d = schema.channel, schema.channel_default
-    return (select(case((limited(c, d), 2), (is_ordered(c, d), 1), else_=0))
-            .select_from(with_default(schema))
-            .where(c.c.name == m.c.channel).scalar_subquery())
 
 
 def _first_of_channel(m: Any) -> Any:
@@ -549,19 +549,17 @@ def _fair_pick(schema: Schema) -> Any:
     """Up to ``most`` due messages of the channels without limits in the ``queues`` (not
     paused), in ``fair_key`` order below :data:`~sqlmq.channels.BLOCKED`, an ordered
     channel's only while nothing of its comes before them; with whether their channel is
-    ordered. Each row's channel is looked up by a correlated subquery, not a join: with a
-    join, PostgreSQL read every channel's messages and sorted them all (30-50 ms for
-    20,000 in 1,000 channels); this way it reads the fair index in order and stops at
-    ``most``."""
+    ordered. That is read from the row (its ``ordered`` mark, schema version 19), not
+    looked up in the channel's settings, and the fair index is read in order until
+    ``most`` are found (:func:`.sql.fair_turn` says why)."""
     m = schema.message
-    kind = _fair_kind(schema, m)
-    turn = case({0: 1, 1: case((_first_of_channel(m), 1), else_=0)}, value=kind, else_=0)
     return (select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.queue, m.c.fair_key,
-                   (kind == 1).label("ordered"))
+                   (m.c.ordered == 1).label("ordered"))
             .where(m.c.queue.in_(bindparam("queues", expanding=True)),
                    m.c.fair_key.is_not(None), m.c.fair_key < _BLOCKED,
                    m.c.channel_due_at <= _NOW,
-                   m.c.state.in_(_WAITING), not_paused(schema, m.c.queue), turn == 1)
+                   m.c.state.in_(_WAITING), not_paused(schema, m.c.queue),
+                   or_(m.c.ordered == 0, _first_of_channel(m)))
             .order_by(m.c.fair_key, m.c.id)
             .limit(bindparam("most", type_=Integer())))
 
@@ -683,5 +681,5 @@ _CLOCK_UPSERT: dict[str, Callable[[Any], Any]] = {
 
 
 __all__ = ["CHANNEL_LOOK_INTERVAL", "FairAcquire", "HeadMending", "Lookout", "Lookouts",
-           "is_ordered", "limited", "promotion", "rekey", "requeued_key", "window_of",
-           "with_default"]
+           "is_ordered", "limited", "promotion", "rekey", "requeued_key", "requeued_order",
+           "window_of", "with_default"]

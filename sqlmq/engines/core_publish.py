@@ -113,6 +113,8 @@ def expires_at_of(messages: NewMessage | NewMessages) -> Any:
 #: An insert's shape (:func:`_shape`): a channel's messages; due after a delay (else at a
 #: moment); expiring after a number of seconds (else at a moment, or never).
 Shape = tuple[bool, bool, bool]
+#: A channel message's place in the fair order: its ``fair_key`` and ``ordered`` columns.
+Fair = dict[str, int]
 
 
 def _shape(messages: NewMessages) -> Shape:
@@ -173,19 +175,20 @@ def publish_flow(table: Table, dialect: Dialect, messages: NewMessages,
     """Insert ``messages`` (ids in order); ``wake``, if any, runs once something is
     written (PostgreSQL's NOTIFY). ``turns``: a channel's messages' turns (see
     :mod:`sqlmq.channels`)."""
-    keys = (None if turns is None else
-            [turns.key(messages.priority, i) for i in range(len(messages))])
+    fair = (None if turns is None else
+            [{"fair_key": turns.key(messages.priority, i), "ordered": int(turns.ordered)}
+             for i in range(len(messages))])
     if messages.dedup_keys is None:
-        ids = yield from _plain(table, dialect, messages, keys)
+        ids = yield from _plain(table, dialect, messages, fair)
     else:
-        ids = yield from _keyed(table, dialect, messages, keys)
+        ids = yield from _keyed(table, dialect, messages, fair)
     if wake is not None and not all(getattr(i, "duplicate", False) for i in ids):
         yield wake
     return ids
 
 
 def _plain(table: Table, dialect: Dialect, messages: NewMessages,
-           keys: list[int] | None = None) -> Flow:
+           fair: list[Fair] | None = None) -> Flow:
     """Where the database returns ids (PostgreSQL, SQLite, MariaDB), one cached statement
     (:func:`_insert`) with the per-row values as parameters: SQLAlchemy sends it as
     multi-row INSERT … RETURNING batches without compiling a statement per batch. MySQL 8
@@ -198,9 +201,9 @@ def _plain(table: Table, dialect: Dialect, messages: NewMessages,
         c = messages[i : i + CHUNK]
         rows = [{**shared, "headers": h, "payload": p}
                 for p, h in zip(c.payloads, c.headers, strict=True)]
-        if keys is not None:
-            for row, key in zip(rows, keys[i : i + CHUNK], strict=True):
-                row["fair_key"] = key
+        if fair is not None:
+            for row, f in zip(rows, fair[i : i + CHUNK], strict=True):
+                row.update(f)
         if statement is not None:
             result = yield statement, rows
             ids += sorted(r[0] for r in result)
@@ -211,14 +214,14 @@ def _plain(table: Table, dialect: Dialect, messages: NewMessages,
 
 
 def _keyed(table: Table, dialect: Dialect, messages: NewMessages,
-           fair_keys: list[int] | None) -> Flow:
+           fair: list[Fair] | None) -> Flow:
     keys = messages.dedup_keys
     assert keys is not None
     out: list[int | None] = [None] * len(messages)
     plain = [i for i, k in enumerate(keys) if k is None]
     if plain:
         ids = yield from _plain(table, dialect, messages.pick(plain),
-                                None if fair_keys is None else [fair_keys[i] for i in plain])
+                                None if fair is None else [fair[i] for i in plain])
         for i, msg_id in zip(plain, ids, strict=True):
             out[i] = msg_id
     first: dict[str, int] = {}  # each key's first message
@@ -228,9 +231,9 @@ def _keyed(table: Table, dialect: Dialect, messages: NewMessages,
     # in key order: two batches sharing keys lock them in the same order, never crosswise
     first = dict(sorted(first.items()))
     if dialect.name in ("mysql", "mariadb"):
-        held = yield from _on_duplicate(table, dialect.name, messages, first, fair_keys)
+        held = yield from _on_duplicate(table, dialect.name, messages, first, fair)
     else:
-        held = yield from _on_conflict(table, dialect, messages, first, fair_keys)
+        held = yield from _on_conflict(table, dialect, messages, first, fair)
     for i, k in enumerate(keys):
         if k is not None:
             msg_id, duplicate = held[k]
@@ -239,13 +242,13 @@ def _keyed(table: Table, dialect: Dialect, messages: NewMessages,
 
 
 def _keyed_rows(messages: NewMessages, first: dict[str, int],
-                fair_keys: list[int] | None) -> list[dict[str, Any]]:
+                fair: list[Fair] | None) -> list[dict[str, Any]]:
     shared = _shared(messages)
     rows = [{**shared, "headers": messages.headers[i], "payload": messages.payloads[i],
              "dedup_key": k} for k, i in first.items()]
-    if fair_keys is not None:
+    if fair is not None:
         for row, i in zip(rows, first.values(), strict=True):
-            row["fair_key"] = fair_keys[i]
+            row.update(fair[i])
     return rows
 
 
@@ -262,7 +265,7 @@ _CONFLICT_INSERTS: dict[str, Callable[[Table], Any]] = {
 
 
 def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
-                 first: dict[str, int], fair_keys: list[int] | None,
+                 first: dict[str, int], fair: list[Fair] | None,
                  ) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
     statement = _insert(table, dialect.name, _shape(messages), True)
     held: dict[str, tuple[int, bool]] = {}
@@ -270,7 +273,7 @@ def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
     for _ in range(KEYED_TRIES):
         for start in range(0, len(todo), CHUNK):
             chunk = dict(list(todo.items())[start : start + CHUNK])
-            result = yield statement, _keyed_rows(messages, chunk, fair_keys)
+            result = yield statement, _keyed_rows(messages, chunk, fair)
             held.update((k, (msg_id, False)) for k, msg_id in result)
         missing = [k for k in todo if k not in held]
         for start in range(0, len(missing), CHUNK):
@@ -286,7 +289,7 @@ def _on_conflict(table: Table, dialect: Dialect, messages: NewMessages,
 
 
 def _on_duplicate(table: Table, dialect: str, messages: NewMessages, first: dict[str, int],
-                  fair_keys: list[int] | None,
+                  fair: list[Fair] | None,
                   ) -> Generator[Step, Any, dict[str, tuple[int, bool]]]:
     """A row at a time: its id, its own or the holder's, read from LAST_INSERT_ID (which
     the update sets to the holder's), and whether it was a duplicate from ``@sqlmq_dups``.
@@ -296,7 +299,7 @@ def _on_duplicate(table: Table, dialect: str, messages: NewMessages, first: dict
     time has not (and is MySQL 8's way anyway: it has no RETURNING)."""
     statement = _insert(table, dialect, _shape(messages), True)
     held: dict[str, tuple[int, bool]] = {}
-    for row in _keyed_rows(messages, first, fair_keys):
+    for row in _keyed_rows(messages, first, fair):
         yield _RESET_DUPLICATES, None
         msg_id = (yield statement, row).lastrowid
         duplicates = _duplicates((yield _READ_DUPLICATES, None))

@@ -194,7 +194,7 @@ SELECT {into} FROM (
 FAIR_LOCK = _lock_waiting(
     "@sqlmq_pick", "JSON_ARRAYAGG(r.id), UTC_TIMESTAMP(6) INTO @sqlmq_take, @sqlmq_now")
 
-FAIR_READ = _read("channel_due_at", ", m.channel, m.fair_key, " + fair_kind("m") + " = 1")
+FAIR_READ = _read("channel_due_at", ", m.channel, m.fair_key, m.ordered = 1")
 
 FAIR_TAKE = _take("channel_due_at")
 
@@ -203,7 +203,7 @@ FAIR_LET_IN = let_in("t", "TRUE", hint="FORCE INDEX (ix_{m}_channel_key)", sourc
         SELECT DISTINCT m.channel
         FROM JSON_TABLE(COALESCE(@sqlmq_take, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS j
         STRAIGHT_JOIN {m} AS m FORCE INDEX (PRIMARY) ON m.id = j.id
-        WHERE """ + fair_kind("m") + """ = 1) AS t""")
+        WHERE m.ordered = 1) AS t""")
 
 FAIR_CLOCK = """
 INSERT INTO {channel_clock} (queue, turn)

@@ -125,29 +125,30 @@ _TAKE = _take("next_attempt_at")
 # seconds, returned as ACQUIRE returns them with their channel, key and whether the
 # channel is ordered last; move each queue's clock on to the lowest turn taken (the low
 # TURN_BITS of fair_key), never back; and let in the next message of each ordered channel
-# whose head was taken, if its window is short. Each row's channel is looked up by a
-# subquery, not joined: joined, the planner read every channel's messages and sorted them
-# all; this way the fair index is read in order until $2 rows are found. The same choice
-# as core_fair's _fair_pick (which SQLite runs) and MariaDB's FAIR_PICK, whose conditions
-# these are (fair_turn, shared with MariaDB's; here its one-probe form, a row comparison).
+# whose head was taken, if its window is short. Whether a row's channel is ordered is
+# read from the row (schema version 19), not from the channel's settings: the fair index
+# is read in order until $2 rows are found, and a lookup per row read was most of the
+# time of a read through the followers of running heads. The same conditions as core_fair's
+# _fair_pick (which SQLite runs) and MariaDB's FAIR_PICK (fair_turn, shared with MariaDB's;
+# here its one-probe form, a row comparison).
 # One ordered read per queue (LATERAL): with queue = ANY($1), the index gives no order and
-# the whole backlog was sorted (115 ms for 20,000 rows). The channel's kind is looked up
-# once per row (a LATERAL kept apart by OFFSET 0): written in both the condition and the
-# result, the lookup ran twice, 2 ms each per 500 rows. The take joins ready to the table
-# by id alone: with the ANY(...) the plain ACQUIRE adds, the planner, expecting one row
-# from ready, probed the table by the whole id list once per row of ready (125,000 rows
-# read for 500, 130 ms).
+# the whole backlog was sorted (115 ms for 20,000 rows). The take joins ready to the table
+# as the plain ACQUIRE's does, by id and by the ANY(...) of ready's ids: by id alone, once
+# the planner expected as many rows from ready as asked (no longer discounted for a
+# per-row lookup of the channel), it hashed a sequential scan of the whole table (5 ms of
+# 10 for 500 rows of 20,000). Expecting one row (statistics of an empty table), it probes
+# the table by both conditions at once (7 µs a row). (With the lookup, under other
+# statistics, it once probed by the whole list per row of ready: 125,000 rows for 500.)
 ACQUIRE_FAIR = """
 WITH ready AS (
     SELECT r.* FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
         SELECT f.id, f.channel_due_at AS next_attempt_at, f.queue, f.fair_key, f.channel,
-               k.kind = 1 AS ordered
-        FROM {m} AS f CROSS JOIN LATERAL (SELECT """ + fair_kind("f") + """ AS kind
-                                          OFFSET 0) AS k
+               f.ordered = 1 AS ordered
+        FROM {m} AS f
         WHERE f.queue = q.name AND f.fair_key IS NOT NULL AND f.fair_key < {blocked}
           AND f.channel_due_at <= now()
           AND f.state IN ('PENDING', 'RETRYABLE')
-          AND """ + fair_turn(kind="k.kind", row_values=True) + """
+          AND """ + fair_turn(row_values=True) + """
         ORDER BY f.fair_key, f.id
         LIMIT $2
         FOR UPDATE OF f SKIP LOCKED
@@ -161,8 +162,7 @@ WITH ready AS (
     ON CONFLICT (queue) DO UPDATE SET turn = EXCLUDED.turn
     WHERE {channel_clock}.turn < EXCLUDED.turn
 ), let_in AS (""" + let_in("ready", "ready.ordered", fence=" OFFSET 0") + """)
-""" + _take("channel_due_at", ",\n    m.channel, ready.fair_key, ready.ordered",
-            by="m.id = ready.id")
+""" + _take("channel_due_at", ",\n    m.channel, ready.fair_key, ready.ordered")
 
 # Queue $1 is not paused (schema version 11: a row in {pause}). Not a condition on each row:
 # the planner makes it a one-time filter above the scans (one probe of the pause table's
