@@ -168,6 +168,16 @@ def _channel_columns() -> list[Column[Any]]:
     return [Column("channel", QueueName()), Column("channel_due_at", UTCDateTime())]
 
 
+def _fair_columns() -> list[Column[Any]]:
+    """A channel message's place in the fair order: its key (schema version 13, see
+    :func:`fair_index`; NULL under limits), and 1 if an ordered channel gave it (version
+    19, see :func:`sqlmq.engines.core_fair.rekey`), so that the fair acquire tells an
+    ordered channel's message from another without looking up the channel of each row it
+    reads."""
+    return [Column("fair_key", BigInteger),
+            Column("ordered", Integer, nullable=False, server_default=text("0"))]
+
+
 #: Which messages :func:`channel_index` holds on PostgreSQL: those of limited channels,
 #: which alone have no ``fair_key``.
 CHANNEL_WHERE = "channel IS NOT NULL AND fair_key IS NULL"
@@ -395,11 +405,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("dedup_key", DedupKey()),
         *_control_columns(),  # schema version 9
         *_channel_columns(),  # schema version 10
-        Column("fair_key", BigInteger),  # schema version 13: see fair_index
-        # schema version 19: 1 if the message's key was given by an ordered channel (see
-        # sqlmq.engines.core_fair.rekey), so the fair acquire tells an ordered channel's
-        # message from another without looking its channel up, once per row it reads.
-        Column("ordered", Integer, nullable=False, server_default=text("0")),
+        *_fair_columns(),  # schema versions 13 and 19
         *_key_and_lease_indexes(m),
         # Without AUTOINCREMENT SQLite reuses the ids of deleted rows: once the newest
         # messages are archived, a new message would get an id the archive already has.
