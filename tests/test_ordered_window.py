@@ -170,6 +170,33 @@ async def test_a_head_whose_letting_in_was_missed_is_followed_after_the_mending(
     assert [d.id for d in got] == [second]
 
 
+@pytest.mark.parametrize("db_kind", ["postgresql", "mariadb"])
+async def test_a_mending_pass_with_nothing_to_mend_waits_on_no_settle(broker: Broker) -> None:
+    """A settle deletes the heads it archives; a mending pass that finds no channel to
+    mend must neither wait for it nor hold it up. MariaDB takes shared locks on what an
+    update's subqueries read of the table it updates: the mending's update read every
+    ordered channel's first entry, so it waited on a head being deleted here, and in a
+    drain a settle deleting two heads deadlocked with it. The head's delete is held open
+    on another connection; the pass ends at once, and lets nothing in."""
+    from sqlalchemy import delete
+
+    await broker.set_channel_default("q", ordered=True)
+    for c in range(3):
+        await broker.publish_batch("q", [1, 2], channel=f"o{c}")
+    heads = await broker.engine.acquire(["q"], 10, 30)
+    assert len(heads) == 3
+    m = broker.schema.message
+    engine = broker.engine
+    async with broker.db.connect() as holder:
+        await holder.begin()
+        await holder.execute(delete(m).where(m.c.id == heads[1].id))
+        passed = asyncio.create_task(engine._transaction(engine._mending.mend))
+        done, _ = await asyncio.wait({passed}, timeout=5)
+        await holder.rollback()
+    assert await passed == 0
+    assert done, "the mending pass waited for the held delete of a head"
+
+
 async def mending_pass(broker: Broker) -> None:
     """An acquire that finds nothing, and the mending pass it starts, run to its end
     (after the one before it, and its interval)."""

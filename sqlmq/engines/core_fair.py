@@ -210,6 +210,35 @@ class HeadMending(Aside):
         self.mended_at = time.monotonic()
 
 
+class Mending:
+    """Lets in the first blocked message of each ordered channel without other limits
+    that has none below :data:`~sqlmq.channels.BLOCKED` (:func:`promotion`'s mending),
+    once a plain read has found such channels: most passes find none, and write nothing.
+    Why two steps: MariaDB takes shared locks on the index entries that an update's
+    subqueries read in the table it updates, and the update alone read the first entry
+    of every ordered channel, running heads included; a settle deleting two of those heads
+    in id order deadlocked with it (``SHOW ENGINE INNODB STATUS``, a drain of 1,000
+    ordered channels), and every settle waited for the pass meanwhile. Now the update
+    reads only the channels found, rechecked."""
+
+    def __init__(self, schema: Schema) -> None:
+        c, d = schema.channel, schema.channel_default
+        o = schema.message.alias("o")
+        self.candidates = (
+            select(c.c.name).select_from(with_default(schema))
+            .where(_ordered_free(c, d),
+                   exists().where(o.c.channel == c.c.name, o.c.fair_key >= _BLOCKED),
+                   _short(schema, c.c.name, 0))
+            .order_by(c.c.name))
+        self.let_in = promotion(schema, among=c.c.name.in_(bindparam("names", expanding=True)))
+
+    async def run(self, conn: AsyncConnection) -> int:
+        names = list((await conn.execute(self.candidates)).scalars())
+        if not names:
+            return 0
+        return (await conn.execute(self.let_in, {"names": names})).rowcount
+
+
 class Parking:
     """Blocks again the window of each ordered channel without other limits whose head
     waits more than :data:`~sqlmq.channels.ORDERED_PARK_AFTER` to start again (at most
@@ -316,12 +345,7 @@ class FairAcquire:
 
     @cached_property
     def _mending(self) -> HeadMending:
-        mend = promotion(self.schema)
-
-        async def run(conn: AsyncConnection) -> int:
-            return (await conn.execute(mend)).rowcount
-
-        return HeadMending(run, Parking(self.schema).run)
+        return HeadMending(Mending(self.schema).run, Parking(self.schema).run)
 
     async def _close_lookouts(self) -> None:
         if "_lookouts" in self.__dict__:
@@ -629,14 +653,15 @@ def _short(schema: Schema, channel: Any, n: int) -> Any:
     return func.coalesce(nth, _BLOCKED) >= _BLOCKED
 
 
-def promotion(schema: Schema, channels: Any = None) -> Any:
+def promotion(schema: Schema, channels: Any = None, among: Any = None) -> Any:
     """Let in (take :data:`~sqlmq.channels.BLOCKED` off the key of) the first blocked
     message, in key order, of each of the ``channels`` (a condition on channel row ``c``)
     with fewer than :data:`~sqlmq.channels.ORDERED_LOOKAHEAD` waiting behind its head in
     the fair read (its head was just taken: the acquire's letting in); or, ``channels``
     None (the mending), of each ordered channel without other limits that has nothing
     below BLOCKED (the window ran out otherwise; each take refills the window, so a
-    mending that refilled short ones would only widen them). The last condition makes a
+    mending that refilled short ones would only widen them), ``among`` those (a
+    condition on ``c``, :class:`Mending`'s names) if given. The last condition makes a
     concurrent letting in of the same message (PostgreSQL rechecks it on the newest row)
     write once. :func:`.sql.let_in` is the raw-SQL twin."""
     m, c, d = schema.message, schema.channel, schema.channel_default
@@ -646,7 +671,8 @@ def promotion(schema: Schema, channels: Any = None) -> Any:
     firsts = select(first_blocked.label("id"))
     if channels is None:
         firsts = firsts.select_from(with_default(schema)).where(
-            _ordered_free(c, d), _short(schema, c.c.name, 0))
+            _ordered_free(c, d), _short(schema, c.c.name, 0),
+            *([] if among is None else [among]))
     else:
         firsts = firsts.where(channels, _short(schema, c.c.name, ORDERED_LOOKAHEAD))
     # Read through a derived table: MySQL refuses an update whose subquery reads the
