@@ -79,10 +79,16 @@ BLOCKED = 1 << 62
 #: before it blocks the others. Letting one in is an update of its row's key (a new
 #: version in every index on PostgreSQL: when every message of 1,000 channels of 20 was
 #: let in, that drain went from 19,500 to 13,300 msg/s): within the window a publish blocks
-#: nothing, so a channel that never holds more than this pays nothing. 32 rather than 16,
-#: alternating, 1,000 ordered channels of 20: MariaDB 8,700-9,600 -> 10,300-11,600 msg/s,
-#: PostgreSQL 14,000-17,300 -> 15,700-18,400, SQLite about the same.
-ORDERED_WINDOW = 32
+#: nothing, so a channel that never holds more than this pays nothing. Each waiting
+#: message in it, though, is read and refused by every acquire while its head runs, and
+#: an acquire that cannot fill its batch reads them all. 8, not 32 as before (16 before
+#: that), once the fair read no longer looked up each row's channel (schema version 19):
+#: 1,000 ordered channels of 20 drained with the subscriber's defaults (fetch 1,000,
+#: prefetch 2,000), alternating, msg/s: PostgreSQL 8,600-11,000 -> 12,100-12,800 (3 of 3
+#: pairs, and 3 of 3 earlier), MariaDB 4,000-4,400 -> 6,000-7,100 (5 of 5), SQLite
+#: 4,300-4,600 -> 5,200-6,200 (3 of 3); with the drain's tuned options (fetch 500) within
+#: the noise on PostgreSQL and MariaDB, SQLite 5,300-7,500 -> 5,600-6,700.
+ORDERED_WINDOW = 8
 #: How many waiting messages a channel with blocked ones keeps in the fair read behind its
 #: head: its takes let none in until the window is down to this, then one each. Each costs
 #: every acquire that reads past it a look (two probes): a deep channel's full window of

@@ -221,7 +221,7 @@ async def test_a_head_that_waits_long_to_retry_has_its_window_parked(
     monkeypatch.setattr(core_fair, "PARK_INTERVAL", 0.05)
     await broker.set_channel("o", ordered=True)
     await broker.set_channel("p", ordered=True, queue="other")
-    sent = await broker.publish_batch("q", range(10), channel="o")
+    sent = await broker.publish_batch("q", range(ORDERED_WINDOW), channel="o")  # all in it
     others = await broker.publish_batch("other", range(5), channel="p")
     for delay in (ORDERED_PARK_AFTER / 2, ORDERED_PARK_AFTER * 10):
         (head,) = await take_one(broker)
@@ -235,7 +235,7 @@ async def test_a_head_that_waits_long_to_retry_has_its_window_parked(
             await update_row(broker, sent[0],
                              channel_due_at=datetime.now(UTC) - timedelta(seconds=1))
     assert await window(broker) == ([sent[0]], sent[1:])
-    assert broker.engine._mending.parked == 9
+    assert broker.engine._mending.parked == ORDERED_WINDOW - 1
     assert await window(broker, "p") == (others, [])
     await mending_pass(broker)  # nothing more to park, nothing to let in: the head waits
     assert await window(broker) == ([sent[0]], sent[1:])
