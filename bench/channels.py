@@ -53,10 +53,12 @@ async def _publish_mixed(broker: Broker, n: int, channels: int) -> None:
 
 async def drain_rate(db: str, n: int, channels: int = 0, sleep: float = 0.0,
                      options: dict[str, Any] | None = None, mixed: bool = False,
-                     **defaults: Any) -> float:
+                     tuned: bool = True, **defaults: Any) -> float:
     """Messages per second from start() until all ``n`` are archived. ``channels``: spread
     over that many channels, each under ``defaults`` (the queue's channel default), each
-    channel's messages published together, or with ``mixed`` one channel after another."""
+    channel's messages published together, or with ``mixed`` one channel after another.
+    The subscriber takes the drain's tuned options, then ``options``; without ``tuned``,
+    ``options`` alone (none: ``@broker.subscriber``'s defaults)."""
     broker = await fresh_broker(db)
     try:
         if defaults:
@@ -66,7 +68,8 @@ async def drain_rate(db: str, n: int, channels: int = 0, sleep: float = 0.0,
             await analyze(broker)
         else:
             await preload(broker, n)
-        return await timed_drain(broker, n, {**SQLMQ_DRAIN, **(options or {})}, sleep)
+        return await timed_drain(broker, n, {**(SQLMQ_DRAIN if tuned else {}),
+                                             **(options or {})}, sleep)
     finally:
         await broker.close()
         drop_tables(url_for(db))

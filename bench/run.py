@@ -73,6 +73,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="channels: how many channels the spread drains use")
     p.add_argument("--cases", default=",".join(CHANNEL_CASES),
                    help="channels: which runs, of " + ",".join(CHANNEL_CASES))
+    p.add_argument("--subscriber-defaults", action="store_true",
+                   help="channels: drain plain, spread, ordered and mixed with "
+                        "@broker.subscriber's defaults instead of the drain's tuned options")
     return p.parse_args(argv)
 
 
@@ -341,11 +344,13 @@ def run_channels(args: argparse.Namespace) -> str:
     deep, deep_n, deep_sleep, deep_workers = 10, 10_000, 0.005, 16
     deep_expected = deep / deep_sleep
     cases = _channel_cases(args.cases)
+    tuned = not args.subscriber_defaults
     runs: dict[str, Any] = {
-        "plain": lambda db: drain_rate(db, args.n),
-        "spread": lambda db: drain_rate(db, args.n, args.channels),
-        "ordered": lambda db: drain_rate(db, args.n, args.channels, ordered=True),
-        "mixed": lambda db: drain_rate(db, args.n, args.channels, ordered=True, mixed=True),
+        "plain": lambda db: drain_rate(db, args.n, tuned=tuned),
+        "spread": lambda db: drain_rate(db, args.n, args.channels, tuned=tuned),
+        "ordered": lambda db: drain_rate(db, args.n, args.channels, tuned=tuned, ordered=True),
+        "mixed": lambda db: drain_rate(db, args.n, args.channels, tuned=tuned, mixed=True,
+                                       ordered=True),
         "deep": lambda db: drain_rate(db, deep_n, deep, deep_sleep,
                                       {"workers": deep_workers}, ordered=True),
         "limited": lambda db: drain_rate(
@@ -398,6 +403,8 @@ def run_channels(args: argparse.Namespace) -> str:
                      f"handlers, no limits: Jain's index per 1 s window while all had work: "
                      f"min {med('jain_min'):.3f}, mean {med('jain_mean'):.3f} (target >= 0.9)")
         cfg = ", ".join(f"{k}={v}" for k, v in SQLMQ_DRAIN.items())
+        if not tuned:
+            cfg = f"the subscriber's defaults (deep and limited runs: {cfg})"
         text += f"\nsqlmq config: one process, {cfg}; limited runs: {LIMITED_WORKERS} workers"
         out.append(text)
     return "\n\n".join(out)
