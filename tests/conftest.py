@@ -345,3 +345,31 @@ def counting_inserts(engine: SyncEngine) -> Iterator[list[str]]:
         aiosqlite.Connection.executemany = executemany  # type: ignore[method-assign]
         mysql_engine._run = run  # type: ignore[assignment]
         event.remove(engine, "before_cursor_execute", record)
+
+
+class LoopStalls:
+    """The longest this event loop kept a 20 ms ticker waiting past its time while in the
+    ``async with``: how long nothing on the loop could run (its process starved of CPU,
+    or the loop blocked)."""
+
+    TICK = 0.02
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            at = loop.time() + self.TICK
+            await asyncio.sleep(self.TICK)
+            self.worst = max(self.worst, loop.time() - at)
+
+    async def __aenter__(self) -> LoopStalls:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)

@@ -14,7 +14,7 @@ import pytest
 
 from sqlmq import Broker, Message
 
-from .conftest import on_every_engine, rows, wait_until
+from .conftest import LoopStalls, on_every_engine, rows, wait_until
 from .procs import spawn_worker
 
 
@@ -65,34 +65,6 @@ async def test_expired_lease_returns_message_to_pending_with_history_and_redeliv
     (archived,) = await rows(broker, "archive", id=msg_id)
     assert (archived["state"], archived["deliveries_count"]) == ("COMPLETED", 2)
     assert archived["attempts_count"] == 1
-
-
-class LoopStalls:
-    """The longest this event loop kept a 20 ms ticker waiting past its time while in the
-    ``async with``: how long nothing on the loop could run (its process starved of CPU,
-    or the loop blocked)."""
-
-    TICK = 0.02
-
-    def __init__(self) -> None:
-        self.worst = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    async def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            at = loop.time() + self.TICK
-            await asyncio.sleep(self.TICK)
-            self.worst = max(self.worst, loop.time() - at)
-
-    async def __aenter__(self) -> LoopStalls:
-        self._task = asyncio.create_task(self._tick())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def test_renewed_lease_outlives_a_handler_three_times_longer_than_the_lease(

@@ -16,6 +16,7 @@ from sqlmq import Broker, Message, Retry
 from sqlmq.records import HISTORY_LIMIT
 
 from .conftest import (
+    LoopStalls,
     archived,
     drained,
     on_every_engine,
@@ -62,18 +63,25 @@ async def test_handler_running_many_leases_long_is_not_redelivered_while_its_pro
         await asyncio.sleep(5.0)  # over three leases long: kept alive by the lease keeper
 
     msg_id = await broker.publish("q", "long")
-    await broker.start()
-    await wait_until(lambda: broker.runtimes[0].counters.acquired == 1, message="acquired")
-    await other.start()
-    try:
-        row = await archived(broker, msg_id)
-    finally:
-        await other.close()
+    async with LoopStalls() as stalls:
+        await broker.start()
+        await wait_until(lambda: broker.runtimes[0].counters.acquired == 1, message="acquired")
+        await other.start()
+        try:
+            row = await archived(broker, msg_id)
+        finally:
+            await other.close()
 
-    assert stolen == []
+    lost = broker.runtimes[0].counters.lost_leases
     assert row["state"] == "COMPLETED"
-    assert row["deliveries_count"] == 1
-    assert broker.runtimes[0].counters.lost_leases == 0
+    # The same rule as test_leases' renewal test: unless this process stalled for a
+    # quarter of the lease (CI's five test processes and both databases on two cores did,
+    # once: "a renewal sent 1.00s ago has not come back" on MariaDB), the keeper must hold
+    # the lease; after such a stall, each further delivery is a lost lease, counted.
+    if stalls.worst < 1.5 / 4:
+        assert (stolen, row["deliveries_count"], lost) == ([], 1, 0), stalls.worst
+    else:
+        assert row["deliveries_count"] == 1 + lost, (stalls.worst, lost, stolen)
 
 
 @on_every_engine
