@@ -435,7 +435,7 @@ async def test_version_14_brings_ordered_channels_into_the_fair_order(
     message and waiting ones of mixed priorities. After the migration the running one still
     holds its channel back, then the rest start one at a time in publish order, the
     priorities left out, round-robin with a channel without limits."""
-    from sqlalchemy import text, update
+    from sqlalchemy import update
 
     broker = Broker(db_url, table_prefix=prefix)
     m = broker.schema.message
@@ -450,15 +450,10 @@ async def test_version_14_brings_ordered_channels_into_the_fair_order(
         free = await broker.publish_batch("q", [b"f1", b"f2"], channel="free")
         (running,) = await broker.engine.acquire(["q"], 1, 30)
         assert running.id == own[0]
-        async with broker.db.begin() as conn:
-            await conn.execute(update(m).where(m.c.channel.in_(["own", "dflt"]))
-                               .values(fair_key=None))
-            await conn.execute(text(_drop_index(db_url, f"ix_{m.name}_channel_key", m.name)))
-            await conn.execute(broker.schema.version.delete()
-                               .where(broker.schema.version.c.version >= 14))
-        with pytest.raises(SchemaError, match="version 13"):
-            await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 19
+        await _migrated_from(
+            broker, 14,
+            update(m).where(m.c.channel.in_(["own", "dflt"])).values(fair_key=None),
+            _drop_index(db_url, f"ix_{m.name}_channel_key", m.name))
         await broker.check_schema()
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([by_default[0], free[0], free[1]])
@@ -480,7 +475,7 @@ async def test_version_15_gives_every_database_the_limited_channels_pick_index(
     PostgreSQL and SQLite only: a version-14 schema without it (as MySQL and MariaDB had)
     gets it, and the limited pick that reads it still takes each channel's messages by
     priority, then due time."""
-    from sqlalchemy import inspect, text
+    from sqlalchemy import inspect
 
     broker = Broker(db_url, table_prefix=prefix)
     m = broker.schema.message
@@ -491,13 +486,7 @@ async def test_version_15_gives_every_database_the_limited_channels_pick_index(
         low = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
         (high,) = await broker.publish_batch("q", [b"h"], channel="a", priority=5)
         (other,) = await broker.publish_batch("q", [b"o"], channel="b")
-        async with broker.db.begin() as conn:
-            await conn.execute(text(_drop_index(db_url, name, m.name)))
-            await conn.execute(broker.schema.version.delete()
-                               .where(broker.schema.version.c.version >= 15))
-        with pytest.raises(SchemaError, match="version 14"):
-            await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 19
+        await _migrated_from(broker, 15, _drop_index(db_url, name, m.name))
         async with broker.db.connect() as conn:
             names = await conn.run_sync(
                 lambda c: {ix["name"] for ix in inspect(c).get_indexes(m.name)})
@@ -514,8 +503,6 @@ async def test_version_16_adds_the_channels_size_bound_to_a_version_15_schema(
     """A version-15 schema has no ``size_bound``: after the migration the column is there
     (NULL for the channels it had), and a channel's ``max_size`` still counts what it
     held before."""
-    from sqlalchemy import text
-
     from sqlmq import ChannelFull
 
     broker = Broker(db_url, table_prefix=prefix)
@@ -524,13 +511,7 @@ async def test_version_16_adds_the_channels_size_bound_to_a_version_15_schema(
         await broker.migrate()
         await broker.set_channel("c", max_size=3, queue="q")
         await broker.publish_batch("q", [b"a", b"b"], channel="c")
-        async with broker.db.begin() as conn:
-            await conn.execute(text(f"ALTER TABLE {c.name} DROP COLUMN size_bound"))
-            await conn.execute(broker.schema.version.delete()
-                               .where(broker.schema.version.c.version >= 16))
-        with pytest.raises(SchemaError, match="version 15"):
-            await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 19
+        await _migrated_from(broker, 16, f"ALTER TABLE {c.name} DROP COLUMN size_bound")
         async with broker.db.connect() as conn:
             assert (await conn.execute(select(c.c.size_bound))).scalars().all() == [None]
         await broker.publish("q", b"c", channel="c")
@@ -541,24 +522,32 @@ async def test_version_16_adds_the_channels_size_bound_to_a_version_15_schema(
         drop_tables(db_url, prefix)
 
 
-async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
-                         where: str, version: int) -> str | None:
-    """Put index ``name`` of the message table back as version ``version - 1`` made it
-    (``columns``, and ``where`` where an index can be partial), forget the versions from
-    ``version`` on, migrate, and return the index's condition as it is then."""
+async def _migrated_from(broker: Broker, version: int, *changes: Any) -> None:
+    """Take ``broker``'s schema back to what version ``version - 1`` left (``changes``: SQL
+    text or statements, in one transaction with forgetting the versions from ``version``
+    on), check that the broker refuses it, and migrate it to the current version."""
     from sqlalchemy import text
 
-    m = broker.schema.message.name
-    whole = db_url.startswith(("mysql", "mariadb"))
     async with broker.db.begin() as conn:
-        await conn.execute(text(_drop_index(db_url, name, m)))
-        await conn.execute(text(f"CREATE INDEX {name} ON {m} ({columns})"
-                                + ("" if whole else f" WHERE {where}")))
+        for change in changes:
+            await conn.execute(text(change) if isinstance(change, str) else change)
         await conn.execute(broker.schema.version.delete()
                            .where(broker.schema.version.c.version >= version))
     with pytest.raises(SchemaError, match=f"version {version - 1}"):
         await broker.check_schema()
     assert await broker.migrate() == SCHEMA_VERSION == 19
+
+
+async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
+                         where: str, version: int) -> str | None:
+    """Put index ``name`` of the message table back as version ``version - 1`` made it
+    (``columns``, and ``where`` where an index can be partial), forget the versions from
+    ``version`` on, migrate, and return the index's condition as it is then."""
+    m = broker.schema.message.name
+    whole = db_url.startswith(("mysql", "mariadb"))
+    await _migrated_from(broker, version, _drop_index(db_url, name, m),
+                         f"CREATE INDEX {name} ON {m} ({columns})"
+                         + ("" if whole else f" WHERE {where}"))
     async with broker.db.connect() as conn:
         return await conn.run_sync(lambda c: next(
             _partial(c, ix) for ix in inspect(c).get_indexes(m) if ix["name"] == name))
@@ -629,8 +618,6 @@ async def test_version_19_marks_the_ordered_channels_messages(db_url: str, prefi
     messages of the channels ordered without other limits (by their own settings or their
     queue's default) and no others, and the fair acquire then holds an ordered channel's
     followers back behind its running head, from those marks alone."""
-    from sqlalchemy import text
-
     broker = Broker(db_url, table_prefix=prefix)
     m = broker.schema.message
     try:
@@ -643,13 +630,7 @@ async def test_version_19_marks_the_ordered_channels_messages(db_url: str, prefi
         by_default = await broker.publish_batch("q", [b"d1", b"d2"], channel="dflt")
         free = await broker.publish_batch("q", [b"f1", b"f2"], channel="free")
         lim = await broker.publish_batch("q", [b"l1", b"l2"], channel="lim")
-        async with broker.db.begin() as conn:
-            await conn.execute(text(f"ALTER TABLE {m.name} DROP COLUMN ordered"))
-            await conn.execute(broker.schema.version.delete()
-                               .where(broker.schema.version.c.version >= 19))
-        with pytest.raises(SchemaError, match="version 18"):
-            await broker.check_schema()
-        assert await broker.migrate() == SCHEMA_VERSION == 19
+        await _migrated_from(broker, 19, f"ALTER TABLE {m.name} DROP COLUMN ordered")
         await broker.check_schema()
         async with broker.db.connect() as conn:
             marks = dict((await conn.execute(select(m.c.id, m.c.ordered))).all())
