@@ -16,7 +16,7 @@ import statistics
 import time
 
 from .channels import _publish_spread
-from .common import DATABASES, QUEUE, drop_tables, fresh_broker, url_for
+from .common import DATABASES, QUEUE, bench_broker
 from .drain import analyze
 
 CHANNELS = 1000
@@ -26,8 +26,7 @@ TAKE = 500
 
 async def acquire_ms(db: str, ordered: bool, running: bool, repeat: int) -> float:
     """Median ms of ``repeat`` acquires of :data:`TAKE` in one of the three states."""
-    broker = await fresh_broker(db)
-    try:
+    async with bench_broker(db) as broker:
         if ordered:
             await broker.set_channel_default(QUEUE, ordered=True)
         await _publish_spread(broker, MESSAGES, CHANNELS)
@@ -44,9 +43,6 @@ async def acquire_ms(db: str, ordered: bool, running: bool, repeat: int) -> floa
             if len(got) != expected:
                 raise RuntimeError(f"an acquire took {len(got)}, not {expected}")
         return statistics.median(times)
-    finally:
-        await broker.close()
-        drop_tables(url_for(db))
 
 
 def main() -> None:
