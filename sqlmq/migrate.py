@@ -295,14 +295,26 @@ def _v19(conn: Connection, schema: Schema) -> None:
                                      m.c.fair_key.is_not(None)).values(ordered=1))
 
 
+def _v20(conn: Connection, schema: Schema) -> None:
+    """The running counts' index without the messages of channels without limits on
+    SQLite too (see :func:`~sqlmq.schema.channel_index`): made anew, as 18's on
+    PostgreSQL, which keeps that one."""
+    _partial_anew(conn, schema, channel_index_of(schema))
+
+
 def _partial_anew(conn: Connection, schema: Schema, index: Index) -> None:
     """Make ``index`` anew where its condition leaves out the messages with a
-    ``fair_key`` (the condition those migrations changed); a database where it is whole
-    (MySQL, MariaDB) or another condition keeps its own."""
-    where = index.dialect_kwargs.get(f"{conn.dialect.name}_where")
+    ``fair_key`` (the condition those migrations changed) and the index there does not
+    yet; a database where it is whole (MySQL, MariaDB) or another condition keeps its
+    own."""
+    key = f"{conn.dialect.name}_where"
+    where = index.dialect_kwargs.get(key)
     if where is None or "fair_key" not in str(where):
         return
-    if index.name in _index_names(conn, schema):
+    present = {ix["name"]: ix for ix in inspect(conn).get_indexes(schema.message.name)}
+    if index.name in present:
+        if "fair_key" in str(present[index.name].get("dialect_options", {}).get(key, "")):
+            return
         index.drop(conn)
     index.create(conn)
 
@@ -338,7 +350,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
     11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17, 18: _v18,
-    19: _v19}
+    19: _v19, 20: _v20}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -480,15 +480,37 @@ async def test_the_fair_acquire_reads_the_fair_index_and_takes_its_rows_by_id(
     assert plan["Actual Rows"] == (0 if ordered else 500)
 
 
+async def _query_plan(conn: Any, statement: Any, params: dict[str, Any]) -> list[Any]:
+    """SQLite's EXPLAIN QUERY PLAN of ``statement`` (a read) as SQLAlchemy sends it, its
+    parameters processed as for a run: the statement runs once, its text and parameters
+    are caught on their way to the driver."""
+    from sqlalchemy import event
+
+    sent: list[tuple[str, Any]] = []
+
+    def catch(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_: Any) -> None:
+        sent.append((sql, parameters))
+
+    sync = conn.sync_connection
+    event.listen(sync, "before_cursor_execute", catch)
+    try:
+        await conn.execute(statement, params)
+    finally:
+        event.remove(sync, "before_cursor_execute", catch)
+    ((sql, parameters),) = sent
+    return (await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, parameters)).all()
+
+
 @pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
 async def test_a_limited_channels_running_count_reads_its_partial_index(
         broker: Broker) -> None:
     """The count a concurrency limit is held to reads the index ``(channel, state,
-    channel_due_at)`` (on PostgreSQL partial on ``fair_key IS NULL`` since schema version
-    18, the messages of limited channels only), not ``(channel, fair_key, id)``, which
-    holds all of a limited channel's messages under one NULL key: the acquire's count
-    (``ChannelSql.running``) and, on SQLite, the passing settle's own (``SLOT_LIMITS``);
-    each channel's running deliveries counted."""
+    channel_due_at)`` (partial on ``fair_key IS NULL``, the messages of limited channels
+    only, since schema version 18 on PostgreSQL, 20 on SQLite), not ``(channel, fair_key,
+    id)``, which holds all of a limited channel's messages under one NULL key: the
+    acquire's count (``ChannelSql.running``) and, on SQLite, the candidates' correlated
+    count and the passing settle's (``SLOT_LIMITS``), SQLite's naming the index; each
+    channel's running deliveries counted, and a channel without limits counts none."""
     import re
 
     await broker.set_channel_default("q", max_concurrency=2)
@@ -496,23 +518,32 @@ async def test_a_limited_channels_running_count_reads_its_partial_index(
         await broker.publish_batch("q", [b"x"] * 200, channel=f"c{i}")
         await broker.publish_batch("free", [b"x"] * 200, channel=f"f{i}")
     taken = await broker.engine.acquire(["q"], 4, 30)
+    assert len(await broker.engine.acquire(["free"], 4, 30)) == 4
     m = broker.schema.message.name
     async with broker.db.begin() as conn:
         await conn.execute(text(f"ANALYZE {m}"))
     names = sorted({d.channel for d in taken})
     index = re.compile(rf"\bix_{m}_channel\b(?!_)")
+    sql_ = broker.engine._channel_sql
     async with broker.db.connect() as conn:
-        bound = broker.engine._channel_sql.running.params(names=names)
-        sql = str(bound.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
         if conn.dialect.name == "sqlite":
-            plans = [" | ".join(r[3] for r in await conn.exec_driver_sql(
-                "EXPLAIN QUERY PLAN " + sql))]
-            slot = broker.engine._slot_limits_sql
-            plans.append(" | ".join(r[3] for r in (await conn.execute(
-                text("EXPLAIN QUERY PLAN " + slot), {"names": json.dumps(names)})).all()))
+            listed = {"names": json.dumps([*names, "f0", "f1"])}
+            plans = [" | ".join(r[3] for r in await _query_plan(conn, statement, params))
+                     for statement, params in [
+                         (sql_.running, {"names": [*names, "f0", "f1"]}),
+                         (sql_.candidates, {"queues": ["q"], "most_channels": 20}),
+                         (text(broker.engine._slot_limits_sql), listed)]]
+            counts = dict((await conn.execute(sql_.running, {"names": [*names, "f0"]}))
+                          .all())
+            slots = {r[0]: r[-1] for r in await conn.execute(
+                text(broker.engine._slot_limits_sql), listed)}
+            assert slots == {**counts, "f0": 0, "f1": 0}
         else:
+            bound = sql_.running.params(names=names)
+            sql = str(bound.compile(dialect=conn.dialect,
+                                    compile_kwargs={"literal_binds": True}))
             plans = [" | ".join(r[0] for r in await conn.exec_driver_sql("EXPLAIN " + sql))]
-        counts = dict((await conn.exec_driver_sql(sql)).all())
+            counts = dict((await conn.exec_driver_sql(sql)).all())
     for plan in plans:
         assert index.search(plan), plan
     assert counts == {name: sum(1 for d in taken if d.channel == name) for name in names}

@@ -11,7 +11,7 @@ from sqlalchemy import Index, MetaData, Table, delete, func, inspect, select
 from sqlmq import SCHEMA_VERSION, Broker, Message, SchemaError
 from sqlmq.channels import TURN_QUANTUM
 from sqlmq.lifecycle import Outcome
-from sqlmq.records import Settlement
+from sqlmq.records import Delivery, Settlement
 
 from .conftest import drop_tables
 
@@ -169,7 +169,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 19
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 20
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -276,7 +276,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 19
+        assert await broker.migrate() == SCHEMA_VERSION == 20
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -313,7 +313,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 19
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 20
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -359,7 +359,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 19
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 20
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -402,7 +402,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 19
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 20
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -535,7 +535,7 @@ async def _migrated_from(broker: Broker, version: int, *changes: Any) -> None:
                            .where(broker.schema.version.c.version >= version))
     with pytest.raises(SchemaError, match=f"version {version - 1}"):
         await broker.check_schema()
-    assert await broker.migrate() == SCHEMA_VERSION == 19
+    assert await broker.migrate() == SCHEMA_VERSION == 20
 
 
 async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
@@ -584,8 +584,9 @@ async def test_version_18_leaves_channels_without_limits_out_of_the_running_coun
         db_url: str, prefix: str) -> None:
     """Version 17's running count index held every channel message; 18 makes it anew on
     PostgreSQL with the messages of limited channels only (no ``fair_key``), and leaves
-    SQLite's, MySQL's and MariaDB's as they were. A limited channel's running delivery
-    still holds its limit, and a channel without limits is served."""
+    SQLite's, MySQL's and MariaDB's as they were (20 then makes SQLite's so). A limited
+    channel's running delivery still holds its limit, and a channel without limits is
+    served."""
     broker = Broker(db_url, table_prefix=prefix)
     try:
         await broker.migrate()
@@ -599,15 +600,55 @@ async def test_version_18_leaves_channels_without_limits_out_of_the_running_coun
             "channel, state, channel_due_at", "channel IS NOT NULL", 18)
         if db_url.startswith(("mysql", "mariadb")):
             assert partial is None
-        elif db_url.startswith("sqlite"):
-            assert partial == "channel IS NOT NULL"
         else:
             assert partial == "channel IS NOT NULL AND fair_key IS NULL"
-        assert await broker.engine.acquire(["q"], 10, 30) == []  # a's one slot is taken
-        d = first[limited[0]]
-        assert await broker.engine.settle(
-            [Settlement(d.id, d.deliveries, Outcome.COMPLETE)]) == {d.id}
-        assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [limited[1]]
+        await _limit_still_held(broker, first[limited[0]], limited[1])
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def _limit_still_held(broker: Broker, running: Delivery, next_id: int) -> None:
+    """Channel ``running``'s one slot is taken (nothing acquired) until it settles, then its
+    next message ``next_id`` starts."""
+    assert await broker.engine.acquire(["q"], 10, 30) == []
+    assert await broker.engine.settle(
+        [Settlement(running.id, running.deliveries, Outcome.COMPLETE)]) == {running.id}
+    assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [next_id]
+
+
+async def test_version_20_leaves_channels_without_limits_out_of_sqlites_running_count_index(
+        db_url: str, prefix: str) -> None:
+    """Version 19's running count index on SQLite held every channel message; 20 makes it
+    anew with the messages of limited channels only, as 18 did on PostgreSQL, whose index
+    it leaves alone (not made again: the same relation), as MySQL's and MariaDB's. A
+    limited channel's running delivery holds its limit, counted from the new index."""
+    from sqlalchemy import text
+
+    broker = Broker(db_url, table_prefix=prefix)
+    name = f"ix_{broker.schema.message.name}_channel"
+    try:
+        await broker.migrate()
+        await broker.set_channel("a", max_concurrency=1, queue="q")
+        limited = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
+        free = await broker.publish_batch("q", [b"f1", b"f2"], channel="f")
+        first = {d.id: d for d in await broker.engine.acquire(["q"], 10, 30)}
+        assert set(first) == {limited[0], *free}
+        if db_url.startswith("sqlite"):
+            partial = await _index_back_to(broker, db_url, name,
+                                           "channel, state, channel_due_at",
+                                           "channel IS NOT NULL", 20)
+            assert partial == "channel IS NOT NULL AND fair_key IS NULL"
+        elif db_url.startswith("postgresql"):
+            relation = text(f"SELECT '{name}'::regclass::oid")
+            async with broker.db.connect() as conn:
+                before = (await conn.execute(relation)).scalar()
+            await _migrated_from(broker, 20)
+            async with broker.db.connect() as conn:
+                assert (await conn.execute(relation)).scalar() == before
+        else:
+            await _migrated_from(broker, 20)
+        await _limit_still_held(broker, first[limited[0]], limited[1])
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

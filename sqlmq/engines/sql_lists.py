@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ColumnElement, TextClause
 from sqlalchemy.types import TypeDecorator
 
 from ..schema import MAX_QUEUE_NAME
@@ -108,6 +108,12 @@ def served_in_order(dialect: Dialect, channel: Table, key: str) -> Any:
         served_at=db_now_plus(literal(0.0)), served_rank=items.c.i)
 
 
+def with_list(statement: str, key: str, of: str = "name") -> TextClause:
+    """``statement`` (a database's own SQL text) with its parameter ``key`` bound to a
+    list as the statements above take one."""
+    return text(statement).bindparams(_param(key, of))
+
+
 def list_rows(dialect: Dialect, key: str) -> Any:
     """The list of names bound as ``key`` as rows ``j`` of one column ``v`` (PostgreSQL
     and SQLite), to read something per name (a LATERAL, a correlated subquery)."""
@@ -116,4 +122,4 @@ def list_rows(dialect: Dialect, key: str) -> Any:
     return _items(dialect, key, "name")
 
 
-__all__ = ["list_rows", "listed", "served_in_order"]
+__all__ = ["list_rows", "listed", "served_in_order", "with_list"]

@@ -162,13 +162,34 @@ ACQUIRE_TAKE_CHANNEL = _take("channel_due_at")
 # (``bench.slot_cycle``). The same reads as core_channels' ``_slot_limits`` and
 # ``_due_per_channel_in_order`` build for the other databases.
 
+# How many messages of a limited channel run: from the index (channel, state,
+# channel_due_at), partial on fair_key IS NULL since schema version 20 (the messages of
+# limited channels: no other channel's running deliveries are counted), named: told the
+# condition, SQLite's planner read the index (channel, fair_key, id) by both its columns
+# instead, every message of the channel. running_of counts channel row ``row``'s (a
+# correlated subquery of core_channels' candidates and of SLOT_LIMITS); RUNNING the channels
+# of :names (a JSON array), one row each that has any.
+def running_of(row: str) -> str:
+    """The count of channel row ``row``'s running messages."""
+    return f"""(SELECT count(*) FROM {{m}} AS r INDEXED BY ix_{{m}}_channel
+ WHERE r.channel = {row}.name AND r.fair_key IS NULL AND r.state = 'PROCESSING')"""
+
+
+RUNNING = """
+SELECT r.channel, count(*) AS n FROM {m} AS r INDEXED BY ix_{m}_channel
+WHERE r.channel IN (SELECT value FROM json_each(:names)) AND r.fair_key IS NULL
+  AND r.state = 'PROCESSING'
+GROUP BY r.channel
+"""
+
 # The channels of :names (a JSON array): their own settings, their queue's default's (as
-# core_room.effective reads them) and how many of their messages run (the prefix (channel,
-# state) of the index ix_{m}_channel).
+# core_room.effective reads them) and how many of their messages run (running_of: an
+# ordered channel without other limits counts none, its messages having fair keys; what
+# runs of it is seen by the pass of its next head, which starts one only if it comes first).
 SLOT_LIMITS = """
 SELECT c.name, c.configured, c.max_concurrency, c.rate, c.ordered, c.max_size,
        d.max_concurrency, d.rate, d.ordered, d.max_size,
-       (SELECT count(*) FROM {m} AS r WHERE r.channel = c.name AND r.state = 'PROCESSING')
+       """ + running_of("c") + """
 FROM {channel} AS c LEFT JOIN {channel_default} AS d ON d.queue = c.queue
 WHERE c.name IN (SELECT value FROM json_each(:names))
 """
