@@ -94,6 +94,30 @@ ACQUIRE_TRIES = 3
 _WAITING = (State.PENDING.value, State.RETRYABLE.value)
 
 
+def _taken_deliveries(rows: Sequence[Any], picked: dict[int, tuple[str, datetime]],
+                      holding: set[str], passing: set[str] | frozenset[str]) -> list[Delivery]:
+    """The deliveries of the ``rows`` a channel take returned, in ``picked``'s order."""
+
+    def decode(r: Any) -> Delivery:
+        return Delivery(r.id, r.queue, headers_of(r.headers), blob(r.payload),
+                        r.attempts_count, r.deliveries_count, r.created_at,
+                        r.first_attempt_at, r.acquired_at, r.lease_expires_at,
+                        picked[r.id][1], decode_history(r.history), priority=r.priority,
+                        expires_at=r.expires_at, saved_state=r.saved_state,
+                        defers=r.defers_count, cancel_requested=bool(r.cancel_requested),
+                        channel=picked[r.id][0],
+                        holds_slot=picked[r.id][0] in holding,
+                        passes_slot=picked[r.id][0] in passing)
+
+    def undecodable(r: Any, exc: BaseException) -> Delivery:
+        return undecodable_delivery(r.id, r.queue, r.attempts_count, r.deliveries_count, exc)
+
+    order = {msg_id: i for i, msg_id in enumerate(picked)}
+    out = decode_rows(rows, decode, undecodable)
+    out.sort(key=lambda d: order[d.id])
+    return out
+
+
 class ChannelStatements(FairAcquire):
     """The channel half of the engine contract for :class:`~.base.SqlEngine`."""
 
@@ -290,40 +314,29 @@ class ChannelStatements(FairAcquire):
                     passing: set[str] | frozenset[str] = frozenset()) -> list[Delivery]:
         """Acquire ``picked``; the deliveries of the ``holding`` channels hold a slot, those
         of the ``passing`` channels may pass it on (``Delivery.passes_slot``)."""
+        return self._taken(await self._take_rows(conn, picked, lease), picked, holding,
+                           passing)
+
+    async def _take_rows(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
+                         lease: float) -> Sequence[Any]:
+        """Acquire ``picked``: the rows taken, as :meth:`_taken` decodes them (which a
+        caller may do after its commit)."""
         sql, ids = self._channel_sql, sorted(picked)
         params = {"ids": ids, "lease": float(lease)}
         if sql.take_returning is not None:
-            rows = (await conn.execute(sql.take_returning, params)).all()
-        else:
-            # Without RETURNING, the rows are locked first: read back after the UPDATE, a
-            # row another transaction took meanwhile (and this one's UPDATE skipped) would
-            # look taken by this one too, and run twice.
-            ids = sorted((await conn.execute(sql.lock_waiting, {"ids": ids})).scalars())
-            if not ids:
-                return []
-            params["ids"] = ids
-            await conn.execute(sql.take, params)
-            rows = (await conn.execute(sql.taken, {"ids": ids})).all()
+            return (await conn.execute(sql.take_returning, params)).all()
+        # Without RETURNING, the rows are locked first: read back after the UPDATE, a
+        # row another transaction took meanwhile (and this one's UPDATE skipped) would
+        # look taken by this one too, and run twice.
+        ids = sorted((await conn.execute(sql.lock_waiting, {"ids": ids})).scalars())
+        if not ids:
+            return []
+        params["ids"] = ids
+        await conn.execute(sql.take, params)
+        return (await conn.execute(sql.taken, {"ids": ids})).all()
 
-        def decode(r: Any) -> Delivery:
-            return Delivery(r.id, r.queue, headers_of(r.headers), blob(r.payload),
-                            r.attempts_count, r.deliveries_count, r.created_at,
-                            r.first_attempt_at, r.acquired_at, r.lease_expires_at,
-                            picked[r.id][1], decode_history(r.history), priority=r.priority,
-                            expires_at=r.expires_at, saved_state=r.saved_state,
-                            defers=r.defers_count, cancel_requested=bool(r.cancel_requested),
-                            channel=picked[r.id][0],
-                            holds_slot=picked[r.id][0] in holding,
-                            passes_slot=picked[r.id][0] in passing)
-
-        def undecodable(r: Any, exc: BaseException) -> Delivery:
-            return undecodable_delivery(r.id, r.queue, r.attempts_count, r.deliveries_count,
-                                        exc)
-
-        order = {msg_id: i for i, msg_id in enumerate(picked)}
-        out = decode_rows(rows, decode, undecodable)
-        out.sort(key=lambda d: order[d.id])
-        return out
+    #: The deliveries of the rows :meth:`_take_rows` took (SQLite decodes its own).
+    _taken = staticmethod(_taken_deliveries)
 
     async def _served(self, conn: AsyncConnection, channels: set[str],
                       plan: dict[str, tuple[int, ChannelSettings, Any]],

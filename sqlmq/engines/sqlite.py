@@ -210,13 +210,23 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
     async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
                     lease: float, holding: set[str],
                     passing: set[str] | frozenset[str] = frozenset()) -> list[Delivery]:
-        """As the plain acquire takes its rows: one trip to the driver's thread, decoded as
-        its rows are. Through SQLAlchemy's cursor a take was three trips, each waiting its
+        return self._taken(await self._take_rows(conn, picked, lease), picked, holding,
+                           passing)
+
+    async def _take_rows(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
+                         lease: float) -> list[Any]:
+        """As the plain acquire takes its rows: one trip to the driver's thread, plain
+        tuples back. Through SQLAlchemy's cursor a take was three trips, each waiting its
         turn on an event loop that runs the handlers (a slot passed on by a settle spent
         half its 6 ms between two handlers in the pass's three statements)."""
-        taken = await _fetch(conn, self._take_channel_sql,
-                             {"ids": json.dumps(sorted(picked)), "lease": lease})
-        out = _decoded(taken, {msg_id: due for msg_id, (_, due) in picked.items()})
+        return await _fetch(conn, self._take_channel_sql,
+                            {"ids": json.dumps(sorted(picked)), "lease": lease})
+
+    def _taken(self, rows: list[Any], picked: dict[int, tuple[str, datetime]],
+               holding: set[str], passing: set[str] | frozenset[str]) -> list[Delivery]:
+        """The deliveries of the ``rows`` :meth:`_take_rows` took, in ``picked``'s order,
+        decoded as the plain acquire's are."""
+        out = _decoded(rows, {msg_id: due for msg_id, (_, due) in picked.items()})
         for d in out:
             channel = d.channel = picked[d.id][0]
             d.holds_slot, d.passes_slot = channel in holding, channel in passing
@@ -227,12 +237,18 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
     async def _settle_alone(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
             return set()
+        # the batch's JSON made before the write lock is taken, not while it is held
+        params = {"input": self.settlement_json(settlements)}
         async with self.db.begin() as conn:
-            return await self._settle_in(conn, settlements)
+            return await self._settle_batch(conn, settlements, params)
 
     async def _settle_in(self, conn: AsyncConnection,
                          settlements: Sequence[Settlement]) -> set[int]:
-        params = {"input": self.settlement_json(settlements)}
+        return await self._settle_batch(conn, settlements,
+                                        {"input": self.settlement_json(settlements)})
+
+    async def _settle_batch(self, conn: AsyncConnection, settlements: Sequence[Settlement],
+                            params: dict[str, str]) -> set[int]:
         outcomes = {s.outcome for s in settlements}
         applied: set[int] = set()
         if outcomes & ARCHIVING:
