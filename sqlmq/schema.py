@@ -193,8 +193,10 @@ def channel_index(message: Table) -> Index:
     deliveries of the others, and each of their publishes, takes and settles wrote an
     entry of it, on a page of its own per channel (a channel's size is counted on
     ``channel_key_index``). The drain of 1,000 channels without limits, ten alternating
-    pairs against version 17 on PostgreSQL: 5.5 % faster (the median ratio); 1,000
-    ordered channels on SQLite, four alternating pairs: 21 % faster. A count of running
+    pairs against version 17 on PostgreSQL: 5.5 % faster (the median ratio); of 1,000
+    ordered channels on SQLite, the index switched in four alternating pairs: medians
+    5,475 -> 6,618 msg/s (a noisy machine: five later pairs of the whole change, 6,538
+    -> 6,752). A count of running
     deliveries then says ``fair_key IS NULL``, so that the planner may read it
     (:func:`limited_rows`); SQLite's planner, with statistics, read such a count by
     ``(channel, fair_key)`` (every message of a limited channel) rather than ``(channel,
