@@ -589,12 +589,7 @@ async def test_version_18_leaves_channels_without_limits_out_of_the_running_coun
     served."""
     broker = Broker(db_url, table_prefix=prefix)
     try:
-        await broker.migrate()
-        await broker.set_channel("a", max_concurrency=1, queue="q")
-        limited = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
-        free = await broker.publish_batch("q", [b"f1", b"f2"], channel="f")
-        first = {d.id: d for d in await broker.engine.acquire(["q"], 10, 30)}
-        assert set(first) == {limited[0], *free}
+        running, waiting = await _limited_one_running(broker)
         partial = await _index_back_to(
             broker, db_url, f"ix_{broker.schema.message.name}_channel",
             "channel, state, channel_due_at", "channel IS NOT NULL", 18)
@@ -602,10 +597,23 @@ async def test_version_18_leaves_channels_without_limits_out_of_the_running_coun
             assert partial is None
         else:
             assert partial == "channel IS NOT NULL AND fair_key IS NULL"
-        await _limit_still_held(broker, first[limited[0]], limited[1])
+        await _limit_still_held(broker, running, waiting)
     finally:
         await broker.close()
         drop_tables(db_url, prefix)
+
+
+async def _limited_one_running(broker: Broker) -> tuple[Delivery, int]:
+    """Channel ``a`` of queue ``q`` limited to one at a time with two messages, a channel
+    ``f`` without limits with two: an acquire starts ``a``'s first and both of ``f``'s.
+    The running delivery of ``a`` and the id of its waiting second."""
+    await broker.migrate()
+    await broker.set_channel("a", max_concurrency=1, queue="q")
+    limited = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
+    free = await broker.publish_batch("q", [b"f1", b"f2"], channel="f")
+    first = {d.id: d for d in await broker.engine.acquire(["q"], 10, 30)}
+    assert set(first) == {limited[0], *free}
+    return first[limited[0]], limited[1]
 
 
 async def _limit_still_held(broker: Broker, running: Delivery, next_id: int) -> None:
@@ -628,12 +636,7 @@ async def test_version_20_leaves_channels_without_limits_out_of_sqlites_running_
     broker = Broker(db_url, table_prefix=prefix)
     name = f"ix_{broker.schema.message.name}_channel"
     try:
-        await broker.migrate()
-        await broker.set_channel("a", max_concurrency=1, queue="q")
-        limited = await broker.publish_batch("q", [b"l1", b"l2"], channel="a")
-        free = await broker.publish_batch("q", [b"f1", b"f2"], channel="f")
-        first = {d.id: d for d in await broker.engine.acquire(["q"], 10, 30)}
-        assert set(first) == {limited[0], *free}
+        running, waiting = await _limited_one_running(broker)
         if db_url.startswith("sqlite"):
             partial = await _index_back_to(broker, db_url, name,
                                            "channel, state, channel_due_at",
@@ -648,7 +651,7 @@ async def test_version_20_leaves_channels_without_limits_out_of_sqlites_running_
                 assert (await conn.execute(relation)).scalar() == before
         else:
             await _migrated_from(broker, 20)
-        await _limit_still_held(broker, first[limited[0]], limited[1])
+        await _limit_still_held(broker, running, waiting)
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

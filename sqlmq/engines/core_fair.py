@@ -325,6 +325,11 @@ class Lookouts:
             await lookout.close()
 
 
+#: What the fair acquire's transaction returns: the rows taken (decoded after the commit),
+#: the pick (id: channel, due time), the ordered channels among them, the clocks moved.
+_FairTaken = tuple[Sequence[Any], dict[int, tuple[str, Any]], set[str], dict[str, int]]
+
+
 class FairAcquire:
     """The fair half of the channels' acquire for :class:`~.base.SqlEngine`."""
 
@@ -380,9 +385,8 @@ class FairAcquire:
         taken are decoded after the commit, as the plain acquire's are: on SQLite, whose
         writers take turns, decoding 500 rows held the write lock 3-5 ms longer."""
         sql, key = self._fair_sql, tuple(queues)
-        Taken = tuple[Sequence[Any], dict[int, tuple[str, Any]], set[str], dict[str, int]]
 
-        async def take(conn: AsyncConnection) -> Taken:
+        async def take(conn: AsyncConnection) -> _FairTaken:
             rows = (await conn.execute(sql.fair_pick, {"queues": list(queues),
                                                        "most": limit})).all()
             if sql.fair_lock is not None and rows:  # the pick could not lock them itself
