@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -84,6 +85,31 @@ async def test_a_single_publish_gives_up_after_the_busy_timeout_having_written_n
         holder.rollback()
         holder.close()
     assert [s.pending for s in await broker.stats() if s.queue == "jobs"] in ([], [0])
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_an_acquire_after_one_that_found_nothing_looks_without_the_write_lock(
+    broker: Broker, db_url: str,
+) -> None:
+    """Once a plain acquire found nothing ready, the next looks first as a reader, which
+    no writer holds up: a queue of channel messages only made every other acquire's plain
+    part wait for the lock behind the settles, to learn that nothing was there. What is
+    published meanwhile is found by the acquire after (taking it needs the lock)."""
+    engine: Any = broker.engine
+    assert await engine._acquire_plain(["jobs"], 10, 30) == []  # under the write lock
+    holder = _holder(Path(db_url.removeprefix("sqlite:///")))
+    try:
+        assert await asyncio.wait_for(engine._acquire_plain(["jobs"], 10, 30), 1) == []
+        waiting = asyncio.create_task(broker.publish("jobs", "after"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "the write lock was not held: the test proves nothing"
+    finally:
+        holder.commit()
+        holder.close()
+    await asyncio.wait_for(waiting, 10)
+    (got,) = await engine._acquire_plain(["jobs"], 10, 30)
+    assert got.id == waiting.result()
+    assert await engine._acquire_plain(["jobs"], 10, 30) == []
 
 
 @pytest.mark.parametrize("db_kind", ["sqlite"])
