@@ -11,6 +11,7 @@ itself hash-joins the batch to a scan of the whole table.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from typing import Any
 
@@ -478,6 +479,57 @@ async def test_the_fair_acquire_reads_the_fair_index_and_takes_its_rows_by_id(
                  or n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan")]
     assert not unbounded, unbounded
     assert plan["Actual Rows"] == (0 if ordered else 500)
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_sqlites_fair_pick_reads_the_fair_index_in_order(
+        broker: Broker, ordered: bool) -> None:
+    """SQLite's fair pick (``FAIR_PICK``, its own statement since it runs straight on the
+    driver) over 200 channels of 100 with statistics: one range of the fair index, read in
+    its order (no sort: the read stops at ``most``), the ordered channels' probes on the
+    index ``(channel, fair_key, id)``; the heads of ordered channels only, none while they
+    run. A list of queues (``FAIR_PICK_QUEUES``) reads the same index."""
+    from sqlalchemy.engine import make_url
+
+    from sqlmq.engines.sql import channel_fields
+    from sqlmq.engines.sql import sqlite as sqlite_sql
+
+    if ordered:
+        await broker.set_channel_default("q", ordered=True)
+    for i in range(200):
+        await broker.publish_batch("q", [b"x"] * 100, channel=f"c{i}")
+    m = broker.schema.message.name
+    async with broker.db.begin() as conn:
+        await conn.execute(text(f"ANALYZE {m}"))
+    fields = channel_fields(broker.engine.names)
+    one, listed = (render(sqlite_sql.FAIR_PICK, fields),
+                   render(sqlite_sql.FAIR_PICK_QUEUES, fields))
+    args = {"queue": "q", "queues": json.dumps(["q", "other"]), "most": 300}
+    path = make_url(broker.db.url).database
+    raw = sqlite3.connect(path)
+    try:
+        nodes = raw.execute("EXPLAIN QUERY PLAN " + one, args).fetchall()
+        plan = " | ".join(r[3] for r in nodes)
+        assert f"SEARCH f USING INDEX ix_{m}_fair (queue=? AND fair_key>? AND fair_key<?)" \
+            in plan, plan
+        assert "TEMP B-TREE" not in plan and "SCAN" not in plan, plan
+        assert f"ix_{m}_channel_key" in plan, plan
+        listed_plan = " | ".join(r[3] for r in raw.execute("EXPLAIN QUERY PLAN " + listed,
+                                                            args))
+        assert f"USING INDEX ix_{m}_fair" in listed_plan, listed_plan
+        rows = raw.execute(one, args).fetchall()
+        assert rows == raw.execute(listed, args).fetchall()
+        if ordered:
+            assert [r[1] for r in rows] == [f"c{i}" for i in range(200)]
+            assert all(r[5] == 1 for r in rows)
+            assert len(await broker.engine.acquire(["q"], 200, 30.0)) == 200
+            assert raw.execute(one, args).fetchall() == []
+        else:
+            assert len(rows) == 300 and all(r[5] == 0 for r in rows)
+            assert [r[4] for r in rows] == sorted(r[4] for r in rows)
+    finally:
+        raw.close()
 
 
 async def _query_plan(conn: Any, statement: Any, params: dict[str, Any]) -> list[Any]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Integer,
     and_,
     bindparam,
     case,
@@ -27,10 +26,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import mysql as mysql_dialect
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..backoff import FailureRun
@@ -51,7 +46,6 @@ from ..records import Delivery
 from ..schema import MAX_PRIORITY, Schema
 from ..sqltime import db_now_plus
 from .core_operations import not_paused
-from .sql_lists import listed
 
 log = logging.getLogger("sqlmq")
 _NOW = db_now_plus(literal(0.0))
@@ -325,26 +319,16 @@ class Lookouts:
             await lookout.close()
 
 
-#: What the fair acquire's transaction returns: the rows taken (decoded after the commit),
-#: the pick (id: channel, due time), the ordered channels among them, the clocks moved.
-_FairTaken = tuple[Sequence[Any], dict[int, tuple[str, Any]], set[str], dict[str, int]]
-
-
 class FairAcquire:
     """The fair half of the channels' acquire for :class:`~.base.SqlEngine`."""
 
     schema: Schema
     db: Any
-    LOCK_FOR_REQUEUE: bool
     _transaction: Transaction
     _take: Callable[..., Awaitable[list[Delivery]]]
-    _take_rows: Callable[..., Awaitable[Sequence[Any]]]
-    _taken: Callable[..., list[Delivery]]
     #: Per list of queues: the channels the last fair acquire took from (how many share
     #: an acquire with the limited ones).
     _fair_spread: dict[tuple[str, ...], int]
-    #: Per queue: the last clock turn this engine wrote (see _acquire_fair).
-    _clocks: dict[str, int]
 
     @cached_property
     def _lookouts(self) -> Lookouts:
@@ -371,49 +355,29 @@ class FairAcquire:
 
     @cached_property
     def _fair_sql(self) -> FairSql:
-        return FairSql(self.schema, self.db.dialect, self.LOCK_FOR_REQUEUE)
+        return FairSql(self.schema)
 
     async def _acquire_fair(self, queues: Sequence[str], limit: int,
                             lease: float) -> list[Delivery]:
         """The due messages of channels without limits, in ``fair_key`` order (priority,
         then turn: round-robin across channels), in one transaction: picked and locked
-        (``SKIP LOCKED``), taken, and the queue's clock moved to the lowest turn taken, so
-        that a channel that had nothing waiting joins this round. No channel row is locked
-        or written: nothing about these channels needs counting. A limit set on one of
-        them applies from the next acquire, as to the deliveries already running. Taking
-        an ordered channel's head lets its next message in (:func:`promotion`). The rows
-        taken are decoded after the commit, as the plain acquire's are: on SQLite, whose
-        writers take turns, decoding 500 rows held the write lock 3-5 ms longer."""
-        sql, key = self._fair_sql, tuple(queues)
+        (``SKIP LOCKED``; SQLite's BEGIN IMMEDIATE holds other writers off), taken, and the
+        queue's clock moved to the lowest turn taken (:func:`moved_clocks`), so that a
+        channel that had nothing waiting joins this round. An ordered channel's message
+        is picked only while nothing of its channel comes before it in key order. No
+        channel row is locked or written: nothing about these channels needs counting. A
+        limit set on one of them applies from the next acquire, as to the deliveries
+        already running. Taking an ordered channel's head lets its next message in
+        (:func:`promotion`). The rows taken are decoded after the commit.
 
-        async def take(conn: AsyncConnection) -> _FairTaken:
-            rows = (await conn.execute(sql.fair_pick, {"queues": list(queues),
-                                                       "most": limit})).all()
-            if sql.fair_lock is not None and rows:  # the pick could not lock them itself
-                locked = set((await conn.execute(
-                    sql.fair_lock, {"ids": sorted(r.id for r in rows)})).scalars())
-                rows = [r for r in rows if r.id in locked]
-            if not rows:
-                return [], {}, set(), {}
-            picked = {r.id: (r.channel, r.channel_due_at) for r in rows}
-            taken = await self._take_rows(conn, picked, lease)
-            ordered = {r.channel for r in rows if r.ordered}
-            if ordered:
-                await conn.execute(sql.let_in, {"names": sorted(ordered)})
-            clocks: dict[str, int] = {}
-            for r in rows:
-                turn = turn_of(r.fair_key)
-                clocks[r.queue] = min(clocks.get(r.queue, turn), turn)
-            moved = {q: t for q, t in sorted(clocks.items()) if t > self._clocks.get(q, 0)}
-            for queue, turn in moved.items():
-                await conn.execute(sql.clock, {"queue": queue, "turn": turn})
-            return taken, picked, ordered, moved
+        Each database has its own: PostgreSQL's one statement (ACQUIRE_FAIR), MariaDB's
+        one packet, SQLite's statements straight on the driver (:mod:`.sqlite_channels`)."""
+        raise NotImplementedError
 
-        taken, picked, ordered, moved = await self._transaction(take)
-        self._clocks.update(moved)
-        out = self._taken(taken, picked, ordered, ordered)
-        self._fair_spread[key] = len({d.channel for d in out})
-        return out
+    async def _let_in(self, conn: AsyncConnection, names: list[str]) -> None:
+        """Let in the next message of each of the ordered channels ``names`` whose head
+        this transaction took (:func:`promotion`)."""
+        await conn.execute(self._fair_sql.let_in, {"names": names})
 
     async def _pass_heads(self, conn: AsyncConnection, names: list[str],
                           queues: Sequence[str], lease: float) -> list[Delivery]:
@@ -433,29 +397,28 @@ class FairAcquire:
         out = await self._take(conn, {r.id: (r.channel, r.channel_due_at) for r in found},
                                lease, mine, mine)
         if out:
-            await conn.execute(sql.let_in, {"names": sorted({d.channel for d in out})})
+            await self._let_in(conn, sorted({d.channel for d in out}))
         return out
 
 
 class FairSql:
-    """The fair acquire's statements, built once per engine: the pick (PostgreSQL locks
-    its rows itself; MySQL and MariaDB lock them by id after it, as locking the pick might
-    lock the channel rows its subquery reads), and the clock's upsert."""
+    """The statements of :meth:`FairAcquire._pass_heads`, built once per engine."""
 
-    def __init__(self, schema: Schema, dialect: Dialect, lock_rows: bool) -> None:
-        m = schema.message
-        self.fair_pick = _fair_pick(schema)
-        self.fair_lock: Any = None
-        if dialect.name == "postgresql":
-            self.fair_pick = self.fair_pick.with_for_update(skip_locked=True, of=m)
-        elif lock_rows:
-            self.fair_lock = select(m.c.id).where(
-                listed(dialect, m.c.id, "ids", "id"), m.c.state.in_(_WAITING),
-                m.c.channel_due_at.is_not(None)).with_for_update(skip_locked=True)
-        self.clock = _CLOCK_UPSERT[dialect.name](schema.channel_clock)
+    def __init__(self, schema: Schema) -> None:
         self.let_in = promotion(schema, schema.channel.c.name.in_(
             bindparam("names", expanding=True)))
         self.next_in_order = _next_in_order(schema)
+
+
+def moved_clocks(rows: Sequence[Any], clocks: Mapping[str, int]) -> dict[str, int]:
+    """The queues whose clock the fair acquire of ``rows`` (with ``queue`` and
+    ``fair_key``) moves on: each to the lowest turn taken of it, where that is past the
+    turn this engine last wrote (``clocks``)."""
+    lowest: dict[str, int] = {}
+    for r in rows:
+        turn = turn_of(r.fair_key)
+        lowest[r.queue] = min(lowest.get(r.queue, turn), turn)
+    return {q: t for q, t in sorted(lowest.items()) if t > clocks.get(q, 0)}
 
 
 async def rekey(conn: AsyncConnection, schema: Schema, names: Any,
@@ -565,34 +528,6 @@ def with_default(schema: Schema) -> Any:
     return c.outerjoin(d, d.c.queue == c.c.queue)
 
 
-def _first_of_channel(m: Any) -> Any:
-    """No message of ``m``'s channel comes before it in key order (``fair_key``, then
-    ``id``), in any state: two probes of the index ``(channel, fair_key, id)``."""
-    o = m.alias("o")
-    same = o.c.channel == m.c.channel
-    return and_(~exists().where(same, o.c.fair_key < m.c.fair_key),
-                ~exists().where(same, o.c.fair_key == m.c.fair_key, o.c.id < m.c.id))
-
-
-def _fair_pick(schema: Schema) -> Any:
-    """Up to ``most`` due messages of the channels without limits in the ``queues`` (not
-    paused), in ``fair_key`` order below :data:`~sqlmq.channels.BLOCKED`, an ordered
-    channel's only while nothing of its comes before them; with whether their channel is
-    ordered. That is read from the row (its ``ordered`` mark, schema version 19), not
-    looked up in the channel's settings, and the fair index is read in order until
-    ``most`` are found (:func:`.sql.fair_turn` says why)."""
-    m = schema.message
-    return (select(m.c.id, m.c.channel, m.c.channel_due_at, m.c.queue, m.c.fair_key,
-                   (m.c.ordered == 1).label("ordered"))
-            .where(m.c.queue.in_(bindparam("queues", expanding=True)),
-                   m.c.fair_key.is_not(None), m.c.fair_key < _BLOCKED,
-                   m.c.channel_due_at <= _NOW,
-                   m.c.state.in_(_WAITING), not_paused(schema, m.c.queue),
-                   or_(m.c.ordered == 0, _first_of_channel(m)))
-            .order_by(m.c.fair_key, m.c.id)
-            .limit(bindparam("most", type_=Integer())))
-
-
 def _next_in_order(schema: Schema) -> Any:
     """The first message in key order of each of the channels ``names`` (a settle's
     ordered channels), where it waits in the ``queues`` (not paused), is due and is below
@@ -687,30 +622,6 @@ def promotion(schema: Schema, channels: Any = None, among: Any = None) -> Any:
             .values(fair_key=m.c.fair_key - _BLOCKED))
 
 
-def _clock_on_conflict(insert_of: Callable[[Any], Any],
-                       bigger: Callable[..., Any]) -> Callable[[Any], Any]:
-    def build(k: Any) -> Any:
-        stmt = insert_of(k).values(queue=bindparam("queue"), turn=bindparam("turn"))
-        return stmt.on_conflict_do_update(index_elements=[k.c.queue],
-                                          set_={"turn": bigger(k.c.turn, stmt.excluded.turn)})
-    return build
-
-
-def _clock_on_duplicate(k: Any) -> Any:
-    stmt = mysql_dialect.insert(k).values(queue=bindparam("queue"), turn=bindparam("turn"))
-    return stmt.on_duplicate_key_update(turn=func.greatest(k.c.turn, stmt.inserted.turn))
-
-
-#: The queue's clock moved on to ``turn`` (made if need be; never back).
-_CLOCK_UPSERT: dict[str, Callable[[Any], Any]] = {
-    "postgresql": _clock_on_conflict(pg_dialect.insert, func.greatest),
-    "sqlite": _clock_on_conflict(sqlite_dialect.insert, func.max),
-    "mysql": _clock_on_duplicate,
-    "mariadb": _clock_on_duplicate,
-}
-
-
-
 __all__ = ["CHANNEL_LOOK_INTERVAL", "FairAcquire", "HeadMending", "Lookout", "Lookouts",
-           "is_ordered", "limited", "promotion", "rekey", "requeued_key", "requeued_order",
-           "window_of", "with_default"]
+           "is_ordered", "limited", "moved_clocks", "promotion", "rekey", "requeued_key",
+           "requeued_order", "window_of", "with_default"]

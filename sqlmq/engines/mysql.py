@@ -27,7 +27,6 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from ..channels import BLOCKED, ORDERED_LOOKAHEAD, TURN_BITS
 from ..errors import SchemaError
 from ..records import Delivery, NewMessage, NewMessages, Settlement, expiry_from
 from ..schema import MAX_PRIORITY, MAX_QUEUE_NAME
@@ -45,8 +44,8 @@ from .rows import (
     undecodable_delivery,
 )
 from .settle_onward import needs_onward
+from .sql import channel_fields, render
 from .sql import mysql as sql
-from .sql import render
 
 #: JSON_ARRAYAGG is cut at ``group_concat_max_len`` bytes on MariaDB (and its results were
 #: cut at 64 KiB by MDEV-37835); an id takes at most 21 (19 digits, a comma and a space), so
@@ -162,8 +161,7 @@ def _channel_fields(names: dict[str, object], queues: int | None = None) -> dict
     """The fields of the channel statements (the fair acquire's and the passing settle's)
     besides the tables': the fair key's parts, the channel name's length, and, for a
     statement built per number of queues, their placeholders."""
-    fields = {**names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
-              "lookahead": ORDERED_LOOKAHEAD, "name_length": MAX_QUEUE_NAME}
+    fields = {**channel_fields(names), "name_length": MAX_QUEUE_NAME}
     if queues is not None:
         fields["queues"] = placeholders(queues)
     return fields

@@ -24,7 +24,6 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
 from ..backoff import describe
-from ..channels import BLOCKED, ORDERED_LOOKAHEAD, TURN_BITS
 from ..dead_letters import DeadLetterNotice
 from ..errors import PublishOutcomeUnknown
 from ..lifecycle import Outcome
@@ -47,8 +46,8 @@ from .rows import (
     undecodable_delivery,
 )
 from .settle_onward import needs_onward
+from .sql import channel_fields, render
 from .sql import postgresql as sql
-from .sql import render
 
 _PLANNED = "sqlmq_index_plans"  # the key in a connection's info while INDEX_PLANS_ON holds
 
@@ -231,8 +230,7 @@ class PostgresEngine(ArchiveAndStatsMixin, PgConnections):
         #: What earlier acquires of each queue proved taken (see :mod:`.pg_floors`).
         self.floors = ReadyFloors()
         self._acquire_many = render(sql.ACQUIRE_QUEUES, names)
-        fair = {**names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
-                "lookahead": ORDERED_LOOKAHEAD}
+        fair = channel_fields(names)
         self._acquire_fair_sql = render(sql.ACQUIRE_FAIR, fair)
         self._settle = render(sql.SETTLE, names)
         self._settle_passing = render(sql.SETTLE_PASSING, fair)

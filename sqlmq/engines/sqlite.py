@@ -14,12 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ..records import Delivery, NewMessage, NewMessages, Settlement
@@ -33,25 +31,21 @@ from ..sqlite_connections import (
 from .base import ARCHIVING, RETURNING, ArchiveAndStatsMixin, SqlEngine
 from .kept_connections import discard, driver_connection
 from .rows import (
-    BatchHeaders,
     BatchHeaderTexts,
-    BatchTimes,
-    blob,
-    decode_history,
-    decode_rows,
     leased_delivery,
     ready_order,
-    undecodable_delivery,
 )
 from .sql import render
 from .sql import sqlite as sql
+from .sqlite_channels import SqliteChannels
+from .sqlite_rows import decoded, driver_errors, fetch, stored_text, stored_time
 
 #: Marks a kept connection whose busy handler is off: its writes wait by
 #: :func:`~sqlmq.sqlite_connections.retry_refused` instead.
 _NO_BUSY_WAIT = "sqlmq_no_busy_wait"
 
 
-class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
+class SqliteEngine(SqliteChannels, ArchiveAndStatsMixin, SqlEngine):
     """The contract on SQLite."""
 
     AUTOCOMMIT = False  # the driver's connections already are: no BEGIN unless sent
@@ -113,20 +107,20 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         aiosqlite: the clock read once, the driver's executemany, the last id (see
         INSERT_MANY). SQLAlchemy's per-row parameter processing was most of a batch's
         client time."""
-        at = _stored_text(messages.at)
+        at = stored_text(messages.at)
         headers = BatchHeaderTexts()
         queue, priority = messages.queue, messages.priority
         async with self.db.begin() as conn:
-            ((created_at, due, expires_at),) = await _fetch(
+            ((created_at, due, expires_at),) = await fetch(
                 conn, self._insert_many_clock,
                 {"at": at, "delay": messages.delay, **_expiry(messages)})
             rows = [{"queue": queue, "headers": headers(h), "payload": payload,
                      "created_at": created_at, "next_attempt_at": due, "priority": priority,
                      "expires_at": expires_at}
                     for payload, h in zip(messages.payloads, messages.headers, strict=True)]
-            with _driver_errors(conn, self._insert_many_sql):
+            with driver_errors(conn, self._insert_many_sql):
                 await (await driver_connection(conn)).executemany(self._insert_many_sql, rows)
-            ((last,),) = await _fetch(conn, sql.LAST_ID, {})
+            ((last,),) = await fetch(conn, sql.LAST_ID, {})
         return list(range(last - len(messages) + 1, last + 1))
 
     async def _insert_one(self, message: NewMessage) -> int:
@@ -147,7 +141,7 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
                 await (await driver_connection(conn)).execute(NO_BUSY_WAIT)
                 conn.info[_NO_BUSY_WAIT] = True
             async with write_turn(self.db):
-                rows = await retry_refused(lambda: _fetch(conn, sql, params),
+                rows = await retry_refused(lambda: fetch(conn, sql, params),
                                            waiters_of(self.db))
         except BaseException as exc:
             await self._discard(conn, exc)
@@ -176,9 +170,9 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         if not found:
             return None
         ((msg_id, created_at, lease_expires_at, expires_at),) = found
-        return leased_delivery(message, int(msg_id), _stored_time(created_at),
-                               _stored_time(lease_expires_at),
-                               None if expires_at is None else _stored_time(expires_at))
+        return leased_delivery(message, int(msg_id), stored_time(created_at),
+                               stored_time(lease_expires_at),
+                               None if expires_at is None else stored_time(expires_at))
 
     async def _acquire_plain(self, queues: Sequence[str], limit: int,
                              lease: float) -> list[Delivery]:
@@ -193,14 +187,14 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         if key in self._found_none and not await self._any_ready(ready_sql, params):
             return []
         async with self.db.begin() as conn:
-            ready = await _fetch(conn, ready_sql, params)
+            ready = await fetch(conn, ready_sql, params)
             if not ready:
                 self._found_none.add(key)
                 return []
-            rows = await _fetch(conn, self._take_sql,
-                                {"ids": json.dumps([r[0] for r in ready]), "lease": lease})
+            rows = await fetch(conn, self._take_sql,
+                               {"ids": json.dumps([r[0] for r in ready]), "lease": lease})
         self._found_none.discard(key)
-        out = _decoded(rows, dict(ready))
+        out = decoded(rows, dict(ready))
         out.sort(key=ready_order)
         return out
 
@@ -214,49 +208,12 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         write transaction that found nothing."""
         conn = await self._checkout()
         try:
-            found = await _fetch(conn, ready_sql, {**params, "limit": 1})
+            found = await fetch(conn, ready_sql, {**params, "limit": 1})
         except BaseException as exc:
             await self._discard(conn, exc)
             raise
         await self._checkin(conn)
         return bool(found)
-
-    async def _slot_rows(self, conn: AsyncConnection, names: list[str]) -> list[SlotRow]:
-        rows = await _fetch(conn, self._slot_limits_sql, {"names": json.dumps(names)})
-        return [SlotRow._make(r) for r in rows]
-
-    async def _due_rows(self, conn: AsyncConnection, names: list[str],
-                        queues: Sequence[str], most: int) -> list[DueRow]:
-        rows = await _fetch(conn, self._due_per_channel_sql, {
-            "names": json.dumps(names), "queues": json.dumps(list(queues)), "most": most})
-        return [DueRow._make(r) for r in rows]
-
-    async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
-                    lease: float, holding: set[str],
-                    passing: set[str] | frozenset[str] = frozenset()) -> list[Delivery]:
-        return self._taken(await self._take_rows(conn, picked, lease), picked, holding,
-                           passing)
-
-    async def _take_rows(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
-                         lease: float) -> list[Any]:
-        """As the plain acquire takes its rows: one trip to the driver's thread, plain
-        tuples back. Through SQLAlchemy's cursor a take was three trips, each waiting its
-        turn on an event loop that runs the handlers (a slot passed on by a settle spent
-        half its 6 ms between two handlers in the pass's three statements)."""
-        return await _fetch(conn, self._take_channel_sql,
-                            {"ids": json.dumps(sorted(picked)), "lease": lease})
-
-    def _taken(self, rows: list[Any], picked: dict[int, tuple[str, datetime]],
-               holding: set[str], passing: set[str] | frozenset[str]) -> list[Delivery]:
-        """The deliveries of the ``rows`` :meth:`_take_rows` took, in ``picked``'s order,
-        decoded as the plain acquire's are."""
-        out = _decoded(rows, {msg_id: due for msg_id, (_, due) in picked.items()})
-        for d in out:
-            channel = d.channel = picked[d.id][0]
-            d.holds_slot, d.passes_slot = channel in holding, channel in passing
-        order = {msg_id: i for i, msg_id in enumerate(picked)}
-        out.sort(key=lambda d: order[d.id])
-        return out
 
     async def _settle_alone(self, settlements: Sequence[Settlement]) -> set[int]:
         if not settlements:
@@ -276,10 +233,10 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         outcomes = {s.outcome for s in settlements}
         applied: set[int] = set()
         if outcomes & ARCHIVING:
-            await _fetch(conn, self._archive_sql, params)
-            applied.update(r[0] for r in await _fetch(conn, self._delete_sql, params))
+            await fetch(conn, self._archive_sql, params)
+            applied.update(r[0] for r in await fetch(conn, self._delete_sql, params))
         if outcomes & RETURNING:
-            applied.update(r[0] for r in await _fetch(conn, self._update_sql, params))
+            applied.update(r[0] for r in await fetch(conn, self._update_sql, params))
         return applied
 
     async def extend(self, leases: Sequence[tuple[int, int]], seconds: float) -> set[int]:
@@ -297,32 +254,6 @@ class SqliteEngine(ArchiveAndStatsMixin, SqlEngine):
         async with self.db.begin() as conn:
             result = await conn.execute(self._recover, {"limit": limit, "spread": spread})
             return [r[0] for r in result]
-
-
-class SlotRow(NamedTuple):
-    """A row of SLOT_LIMITS, named as :func:`~.core_room.effective` reads it."""
-
-    name: str
-    configured: int
-    max_concurrency: int | None
-    rate: float | None
-    ordered: int | None
-    max_size: int | None
-    d_max_concurrency: int | None
-    d_rate: float | None
-    d_ordered: int | None
-    d_max_size: int | None
-    running: int
-
-
-class DueRow(NamedTuple):
-    """A row of DUE_PER_CHANNEL (``channel_due_at`` as stored: text, decoded by the
-    take)."""
-
-    id: int
-    channel: str
-    channel_due_at: str
-    rn: int
 
 
 class CommitWatch:
@@ -357,74 +288,8 @@ class CommitWatch:
             self._conn = None
 
 
-async def _fetch(conn: AsyncConnection, sql: str, params: Mapping[str, Any]) -> list[Any]:
-    """One statement straight on aiosqlite, in ``conn``'s transaction: a single trip to the
-    driver's thread and plain tuples back, where SQLAlchemy's cursor takes three trips and
-    processes every value. Errors come out wrapped as SQLAlchemy's, like the others."""
-    with _driver_errors(conn, sql):
-        raw = await driver_connection(conn)
-        return list(await raw.execute_fetchall(sql, params))
-
-
-@contextlib.contextmanager
-def _driver_errors(conn: AsyncConnection, sql: str) -> Iterator[None]:
-    """The driver's errors for ``sql``, wrapped as SQLAlchemy's, like every other
-    statement's."""
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise DBAPIError.instance(sql, None, exc, sqlite3.Error,
-                                  dialect=conn.engine.dialect) from exc
-
-
-def _decoded(rows: list[Any], scheduled: Mapping[int, Any]) -> list[Delivery]:
-    """The deliveries of taken rows (ACQUIRE_TAKE's columns), ``scheduled``: each one's due
-    time; each distinct header text and time decoded once per batch."""
-    headers, utc = BatchHeaders(), BatchTimes(_stored_time)
-
-    def decode(r: Any) -> Delivery:
-        return Delivery(
-            id=r[0],
-            queue=r[1],
-            headers=headers(r[2]),
-            payload=blob(r[3]),
-            attempts=r[4],
-            deliveries=r[5],
-            created_at=utc(r[6]),
-            first_attempt_at=utc(r[7]),
-            acquired_at=utc(r[8]),
-            lease_expires_at=utc(r[9]),
-            scheduled_at=utc(scheduled[r[0]]),
-            history=decode_history(r[11]),
-            priority=r[12],
-            expires_at=utc(r[13]),
-            saved_state=None if r[14] is None else blob(r[14]),
-            defers=r[15],
-            cancel_requested=bool(r[16]),
-        )
-
-    return decode_rows(rows, decode, _undecodable)
-
-
-def _undecodable(r: Any, exc: BaseException) -> Delivery:
-    return undecodable_delivery(r[0], r[1], r[4], r[5], exc)
-
-
-#: How SQLite stores a time (naive UTC ISO text with microseconds, as SQLAlchemy writes it).
-_STORED_TIME = "%Y-%m-%d %H:%M:%S.%f"
-
-
 def _expiry(messages: NewMessage | NewMessages) -> dict[str, Any]:
     """The parameters of the SQL file's ``_EXPIRES``."""
-    return {"expires_in": messages.expires_in, "expires_at": _stored_text(messages.expires_at)}
+    return {"expires_in": messages.expires_in, "expires_at": stored_text(messages.expires_at)}
 
 
-def _stored_text(moment: datetime | None) -> str | None:
-    """A moment as the text the SQL file's times are kept in (naive UTC, microseconds)."""
-    return None if moment is None else moment.astimezone(UTC).strftime(_STORED_TIME)
-
-
-def _stored_time(value: str | datetime) -> datetime:
-    """Stored ISO text (naive UTC) as an aware datetime."""
-    parsed = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return parsed.replace(tzinfo=UTC)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ...channels import BLOCKED, ORDERED_LOOKAHEAD, TURN_BITS
 from ...records import HISTORY_LIMIT
 from ...schema import Schema
 
@@ -22,6 +23,13 @@ from ...schema import Schema
 def render(text: str, names: Mapping[str, object]) -> str:
     """``text`` with its ``{name}`` fields filled in: the one way statements are completed."""
     return text.format(**names)
+
+
+def channel_fields(names: Mapping[str, object]) -> dict[str, object]:
+    """``names`` and the fields of the channel statements: the fair key's parts
+    (``{turn_mask}``, ``{blocked}``) and the ordered window's ``{lookahead}``."""
+    return {**names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
+            "lookahead": ORDERED_LOOKAHEAD}
 
 
 def names_for(schema: Schema) -> dict[str, object]:

@@ -128,9 +128,9 @@ _TAKE = _take("next_attempt_at")
 # whose head was taken, if its window is short. Whether a row's channel is ordered is
 # read from the row (schema version 19), not from the channel's settings: the fair index
 # is read in order until $2 rows are found, and a lookup per row read was most of the
-# time of a read through the followers of running heads. The same conditions as core_fair's
-# _fair_pick (which SQLite runs) and MariaDB's FAIR_PICK (fair_turn, shared with MariaDB's;
-# here its one-probe form, a row comparison).
+# time of a read through the followers of running heads. The same conditions as SQLite's
+# and MariaDB's FAIR_PICK (fair_turn, shared with theirs; here its one-probe form, a row
+# comparison).
 # One ordered read per queue (LATERAL): with queue = ANY($1), the index gives no order and
 # the whole backlog was sorted (115 ms for 20,000 rows). The take joins ready to the table
 # as the plain ACQUIRE's does, by id and by the ANY(...) of ready's ids: by id alone, once

@@ -9,6 +9,8 @@ transaction is BEGIN IMMEDIATE (see :mod:`sqlmq.sqlite_connections`): a writer h
 single write lock from its first statement, so no statement here needs a row lock.
 """
 
+from . import fair_turn, let_in
+
 # ---- publishing ------------------------------------------------------------------------------
 
 # A publish's expiry: :expires_in seconds from now, else the moment :expires_at (NULL: never).
@@ -212,6 +214,46 @@ FROM json_each(:names) AS j JOIN {m} AS m ON m.id IN (
       AND likely(f.fair_key IS NULL)
     ORDER BY f.priority DESC, f.channel_due_at, f.id
     LIMIT :most)
+"""
+
+# ---- channels without limits: the fair acquire ----------------------------------------------
+#
+# The fair acquire (core_fair's FairAcquire, whose transaction runs these), straight on the
+# driver as the take is: through SQLAlchemy's cursor the pick, the letting in and the clock
+# were three trips to the driver's thread each, with the write lock held, on an event loop
+# that runs the handlers meanwhile.
+
+# Up to :most due messages of channels without limits, in fair_key order below {blocked}, an
+# ordered channel's only while nothing of its channel comes before it (fair_turn); with whether
+# the channel is ordered. FAIR_PICK reads one queue (:queue) as one range of the index
+# (queue, fair_key, id), in order, until :most are found; FAIR_PICK_QUEUES the queues :queues
+# (a JSON array), whose rows it sorts, as SQLAlchemy's list of queues did. A paused queue
+# gives nothing.
+def _fair_pick(queues: str) -> str:
+    return """
+SELECT f.id, f.channel, f.channel_due_at, f.queue, f.fair_key, f.ordered = 1
+FROM {m} AS f INDEXED BY ix_{m}_fair
+WHERE """ + queues + """ AND f.fair_key IS NOT NULL AND f.fair_key < {blocked}
+  AND f.channel_due_at <= (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
+  AND f.state IN ('PENDING', 'RETRYABLE') AND f.queue NOT IN (SELECT queue FROM {pause})
+  AND """ + fair_turn("INDEXED BY ix_{m}_channel_key") + """
+ORDER BY f.fair_key, f.id
+LIMIT :most
+"""
+
+
+FAIR_PICK = _fair_pick("f.queue = :queue")
+FAIR_PICK_QUEUES = _fair_pick("f.queue IN (SELECT value FROM json_each(:queues))")
+
+# Let in the next message of each ordered channel of :names (a JSON array) whose head was
+# just taken (core_fair's promotion).
+FAIR_LET_IN = let_in("t", "TRUE", hint="INDEXED BY ix_{m}_channel_key",
+                     source="(SELECT value AS channel FROM json_each(:names)) AS t")
+
+# The queue :queue's clock moved on to :turn (made if need be; never back).
+FAIR_CLOCK = """
+INSERT INTO {channel_clock} (queue, turn) VALUES (:queue, :turn)
+ON CONFLICT (queue) DO UPDATE SET turn = max(turn, excluded.turn)
 """
 
 # Settle, in one transaction. The batch :input is one JSON array of [id, deliveries,
