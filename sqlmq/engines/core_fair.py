@@ -388,9 +388,7 @@ class FairAcquire:
         take of a head does. The take checks again that it waits (another process's
         acquire cannot have started it: until this commits, it sees the head before
         it)."""
-        sql = self._fair_sql
-        found = (await conn.execute(sql.next_in_order,
-                                    {"names": names, "queues": list(queues)})).all()
+        found = await self._next_heads(conn, names, queues)
         if not found:
             return []
         mine = set(names)
@@ -399,6 +397,15 @@ class FairAcquire:
         if out:
             await self._let_in(conn, sorted({d.channel for d in out}))
         return out
+
+
+    async def _next_heads(self, conn: AsyncConnection, names: list[str],
+                          queues: Sequence[str]) -> Sequence[Any]:
+        """The first message in key order of each of the ordered channels ``names``, where
+        it may start (:func:`_next_in_order`), with ``id``, ``channel`` and
+        ``channel_due_at``."""
+        return (await conn.execute(self._fair_sql.next_in_order,
+                                   {"names": names, "queues": list(queues)})).all()
 
 
 class FairSql:

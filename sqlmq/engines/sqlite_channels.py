@@ -18,7 +18,7 @@ from ..records import Delivery
 from .core_fair import Transaction, moved_clocks
 from .sql import channel_fields, render
 from .sql import sqlite as sql
-from .sqlite_rows import DueRow, FairRow, SlotRow, decoded, fetch
+from .sqlite_rows import DueRow, FairRow, HeadRow, SlotRow, decoded, fetch
 
 #: What the fair acquire's transaction returns: the rows taken (decoded after the commit),
 #: the pick (id: channel, due time), the ordered channels among them, the clocks moved.
@@ -38,12 +38,13 @@ class SqliteChannels:
     _due_per_channel_sql: str
 
     @cached_property
-    def _fair_statements(self) -> tuple[str, str, str, str]:
-        """FAIR_PICK (one queue), FAIR_PICK_QUEUES, FAIR_LET_IN and FAIR_CLOCK, rendered
-        once."""
+    def _fair_statements(self) -> tuple[str, str, str, str, str]:
+        """FAIR_PICK (one queue), FAIR_PICK_QUEUES, FAIR_LET_IN, FAIR_CLOCK and
+        NEXT_IN_ORDER, rendered once."""
         fields = channel_fields(self.names)
         return (render(sql.FAIR_PICK, fields), render(sql.FAIR_PICK_QUEUES, fields),
-                render(sql.FAIR_LET_IN, fields), render(sql.FAIR_CLOCK, fields))
+                render(sql.FAIR_LET_IN, fields), render(sql.FAIR_CLOCK, fields),
+                render(sql.NEXT_IN_ORDER, fields))
 
     async def _slot_rows(self, conn: AsyncConnection, names: list[str]) -> list[SlotRow]:
         rows = await fetch(conn, self._slot_limits_sql, {"names": json.dumps(names)})
@@ -61,7 +62,7 @@ class SqliteChannels:
         take, the letting in of ordered channels' next messages and the queues' clocks, in
         one write transaction (no row locks: BEGIN IMMEDIATE holds every other writer
         off), the rows decoded after its commit."""
-        pick, pick_queues, let_in, clock = self._fair_statements
+        pick, pick_queues, let_in, clock, _ = self._fair_statements
         if len(queues) == 1:
             params: dict[str, Any] = {"queue": queues[0], "most": limit}
         else:
@@ -89,6 +90,12 @@ class SqliteChannels:
 
     async def _let_in(self, conn: AsyncConnection, names: list[str]) -> None:
         await fetch(conn, self._fair_statements[2], {"names": json.dumps(names)})
+
+    async def _next_heads(self, conn: AsyncConnection, names: list[str],
+                          queues: Sequence[str]) -> list[HeadRow]:
+        rows = await fetch(conn, self._fair_statements[4], {
+            "names": json.dumps(names), "queues": json.dumps(list(queues))})
+        return [HeadRow._make(r) for r in rows]
 
     async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
                     lease: float, holding: set[str],

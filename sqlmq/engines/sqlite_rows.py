@@ -112,6 +112,14 @@ class DueRow(NamedTuple):
     rn: int
 
 
+class HeadRow(NamedTuple):
+    """A row of NEXT_IN_ORDER (``channel_due_at`` as stored)."""
+
+    id: int
+    channel: str
+    channel_due_at: str
+
+
 class FairRow(NamedTuple):
     """A row of FAIR_PICK (``channel_due_at`` as stored: text, decoded by the take)."""
 

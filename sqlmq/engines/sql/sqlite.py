@@ -250,6 +250,23 @@ FAIR_PICK_QUEUES = _fair_pick("f.queue IN (SELECT value FROM json_each(:queues))
 FAIR_LET_IN = let_in("t", "TRUE", hint="INDEXED BY ix_{m}_channel_key",
                      source="(SELECT value AS channel FROM json_each(:names)) AS t")
 
+# The first message in key order of each ordered channel of :names (a JSON array) whose head
+# a settle archived or put back (core_fair's _next_in_order), where it waits in the queues
+# :queues (not paused), is due and is below {blocked}: one probe of the index (channel,
+# fair_key, id) per channel, whatever its backlog.
+NEXT_IN_ORDER = """
+SELECT m.id, m.channel, m.channel_due_at
+FROM json_each(:names) AS j JOIN {m} AS m ON m.id = (
+    SELECT u.id FROM {m} AS u INDEXED BY ix_{m}_channel_key
+    WHERE u.channel = j.value AND u.fair_key IS NOT NULL
+    ORDER BY u.fair_key, u.id LIMIT 1)
+WHERE m.queue IN (SELECT value FROM json_each(:queues))
+  AND m.state IN ('PENDING', 'RETRYABLE') AND m.fair_key < {blocked}
+  AND m.channel_due_at <= (strftime('%Y-%m-%d %H:%M:%f','now')||'000')
+  AND m.queue NOT IN (SELECT queue FROM {pause})
+ORDER BY m.fair_key, m.id
+"""
+
 # The queue :queue's clock moved on to :turn (made if need be; never back).
 FAIR_CLOCK = """
 INSERT INTO {channel_clock} (queue, turn) VALUES (:queue, :turn)
