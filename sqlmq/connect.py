@@ -139,7 +139,9 @@ def _mask_text(url: str) -> str:
 def _engine_options(url: URL) -> dict[str, Any]:
     backend = url.get_backend_name()
     if backend == "sqlite":
-        return {"connect_args": {"timeout": 60}}
+        # The pool's rollback of every connection it takes back is prepare_sqlite's instead,
+        # made only for one left in a transaction (sqlite_connections._roll_back_if_open).
+        return {"connect_args": {"timeout": 60}, "pool_reset_on_return": None}
     opts: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 20}
     if backend in ("mysql", "mariadb"):
         opts["isolation_level"] = "READ COMMITTED"

@@ -41,6 +41,7 @@ def prepare_sqlite(engine: SyncEngine) -> None:
     """
 
     waiters = engine.__dict__[_WAITERS] = Waiters(engine.url.database)
+    event.listen(engine, "reset", _roll_back_if_open)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
@@ -81,6 +82,19 @@ def prepare_sqlite(engine: SyncEngine) -> None:
         event.listen(engine, "invalidate", _end_transaction_cut_short)
         for name in ("checkin", "close", "invalidate"):
             event.listen(engine, name, _give_back_write_turn)
+
+
+def _roll_back_if_open(dbapi_connection: Any, record: Any, state: Any) -> None:
+    """Roll back a connection the pool takes back in a transaction (the pool's own reset is
+    off: ``pool_reset_on_return=None``). The pool rolled back every connection, committed or
+    not: on aiosqlite one more trip to the driver's thread at the end of every transaction,
+    which its caller awaits. The driver says whether a transaction is open without a trip
+    (its connections autocommit: every transaction is an explicit BEGIN)."""
+    if state.terminate_only or not state.asyncio_safe:
+        return
+    driver = getattr(record, "driver_connection", None)
+    if getattr(driver, "in_transaction", True):
+        dbapi_connection.rollback()
 
 
 #: How long a writer waits for another to end its transaction (the busy timeout's length).

@@ -84,3 +84,42 @@ def _take_write_lock(path: str | None) -> None:
         other.execute("ROLLBACK")
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_the_pool_rolls_back_only_a_connection_it_takes_back_in_a_transaction(
+    broker: Broker, db_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool's reset on return is SQLite's own (``_roll_back_if_open``): a committed
+    transaction's connection goes back without the rollback the pool sent after every
+    transaction (a trip to aiosqlite's thread each); one given back in a transaction is
+    rolled back, its write undone and the write lock freed."""
+    import aiosqlite
+
+    from sqlmq.engines.kept_connections import driver_connection
+
+    rollbacks: list[int] = []
+    rollback = aiosqlite.Connection.rollback
+
+    async def counted(self: aiosqlite.Connection) -> None:
+        rollbacks.append(1)
+        await rollback(self)
+
+    monkeypatch.setattr(aiosqlite.Connection, "rollback", counted)
+    for _ in range(3):
+        async with broker.db.begin() as conn:
+            await broker.publish("jobs", "committed", connection=conn)
+    assert rollbacks == []
+    async with broker.db.connect() as conn:  # a transaction the caller never ends
+        raw = await driver_connection(conn)
+        await raw.execute("BEGIN IMMEDIATE")
+        await raw.execute(f"DELETE FROM {broker.schema.message.name}")
+    assert rollbacks == [1]
+    other = sqlite3.connect(db_url.removeprefix("sqlite:///"), timeout=0,
+                            isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # the write lock is free
+        other.rollback()
+    finally:
+        other.close()
+    assert [s.pending for s in await broker.stats() if s.queue == "jobs"] == [3]
