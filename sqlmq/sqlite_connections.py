@@ -92,8 +92,11 @@ def _roll_back_if_open(dbapi_connection: Any, record: Any, state: Any) -> None:
     (its connections autocommit: every transaction is an explicit BEGIN)."""
     if state.terminate_only or not state.asyncio_safe:
         return
-    driver = getattr(record, "driver_connection", None)
-    if getattr(driver, "in_transaction", True):
+    try:
+        in_transaction = bool(record.driver_connection.in_transaction)
+    except Exception:  # a connection closed under it: the rollback finds out
+        in_transaction = True
+    if in_transaction:
         dbapi_connection.rollback()
 
 

@@ -113,6 +113,31 @@ async def test_an_acquire_after_one_that_found_nothing_looks_without_the_write_l
 
 
 @pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_an_acquire_whose_look_as_a_reader_is_refused_takes_the_write_lock_to_know(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader is refused only rarely (another connection recovering the log); the look
+    then counts as "maybe": the acquire takes the write lock and finds what is there,
+    instead of failing."""
+    from sqlmq.engines import sqlite as sqlite_engine
+
+    engine: Any = broker.engine
+    assert await engine._acquire_plain(["jobs"], 10, 30) == []
+    sent = await broker.publish("jobs", "after")
+    fetch, refusals = sqlite_engine.fetch, []
+
+    async def refused_once(conn: Any, sql: str, params: Any) -> list[Any]:
+        if not refusals:
+            refusals.append(sql)
+            raise sqlite3.OperationalError("database is locked")
+        return await fetch(conn, sql, params)
+
+    monkeypatch.setattr(sqlite_engine, "fetch", refused_once)
+    (got,) = await engine._acquire_plain(["jobs"], 10, 30)
+    assert got.id == sent and len(refusals) == 1
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
 async def test_kept_connections_go_back_to_the_pool_with_the_busy_handler_on(
     broker: Broker,
 ) -> None:

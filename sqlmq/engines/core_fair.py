@@ -1,6 +1,7 @@
 """The fair order of channels without limits, on the SQL engines (schema version 13; the
-model is :mod:`sqlmq.channels`): the statements that take them in ``fair_key`` order and
-move the queue's clock, the settings-driven upkeep of the order (:func:`rekey`), and the
+model is :mod:`sqlmq.channels`): what the acquire that takes them in ``fair_key`` order does
+(each database's own statements; the queue's clock, :func:`moved_clocks`), the passing of an
+ordered channel's turn, the settings-driven upkeep of the order (:func:`rekey`), and the
 engine's lookouts, which skip a part of the acquire until what it serves exists."""
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from ..records import Delivery, NewMessage, NewMessages, Settlement
 from ..sqlite_connections import (
     BUSY_WAIT,
     NO_BUSY_WAIT,
+    refused,
     retry_refused,
     waiters_of,
     write_turn,
@@ -209,6 +210,11 @@ class SqliteEngine(SqliteChannels, ArchiveAndStatsMixin, SqlEngine):
         conn = await self._checkout()
         try:
             found = await fetch(conn, ready_sql, {**params, "limit": 1})
+        except Exception as exc:
+            if not refused(exc):
+                await self._discard(conn, exc)
+                raise
+            found = [exc]  # busy (a log being recovered): the write transaction will know
         except BaseException as exc:
             await self._discard(conn, exc)
             raise
