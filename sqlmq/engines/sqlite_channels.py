@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -97,7 +96,7 @@ class SqliteChannels:
             "names": json.dumps(names), "queues": json.dumps(list(queues))})
         return [HeadRow._make(r) for r in rows]
 
-    async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, datetime]],
+    async def _take(self, conn: AsyncConnection, picked: dict[int, tuple[str, Any]],
                     lease: float, holding: set[str],
                     passing: set[str] | frozenset[str] = frozenset()) -> list[Delivery]:
         return self._taken(await self._take_rows(conn, picked, lease), picked, holding,
