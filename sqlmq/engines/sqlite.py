@@ -23,7 +23,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from ..records import Delivery, NewMessage, NewMessages, Settlement
 from ..sqlite_connections import (
     BUSY_WAIT,
-    NO_BUSY_WAIT,
     refused,
     retry_refused,
     waiters_of,
@@ -39,14 +38,19 @@ from .rows import (
 from .sql import render
 from .sql import sqlite as sql
 from .sqlite_channels import SqliteChannels
-from .sqlite_rows import decoded, driver_errors, fetch, stored_text, stored_time
+from .sqlite_log import LogBound, LogTruncation
+from .sqlite_rows import (
+    _NO_BUSY_WAIT,
+    decoded,
+    driver_errors,
+    fetch,
+    no_busy_wait,
+    stored_text,
+    stored_time,
+)
 
-#: Marks a kept connection whose busy handler is off: its writes wait by
-#: :func:`~sqlmq.sqlite_connections.retry_refused` instead.
-_NO_BUSY_WAIT = "sqlmq_no_busy_wait"
 
-
-class SqliteEngine(SqliteChannels, ArchiveAndStatsMixin, SqlEngine):
+class SqliteEngine(SqliteChannels, LogTruncation, ArchiveAndStatsMixin, SqlEngine):
     """The contract on SQLite."""
 
     AUTOCOMMIT = False  # the driver's connections already are: no BEGIN unless sent
@@ -72,6 +76,7 @@ class SqliteEngine(SqliteChannels, ArchiveAndStatsMixin, SqlEngine):
         self._extend = text(render(sql.EXTEND, names))
         self._recover = text(render(sql.RECOVER_EXPIRED, names))
         self._commits: CommitWatch | None = None
+        self._log = LogBound(self.url.database)
         #: The queue lists whose last plain acquire found nothing ready (see _acquire_plain).
         self._found_none: set[tuple[str, ...]] = set()
 
@@ -138,9 +143,7 @@ class SqliteEngine(SqliteChannels, ArchiveAndStatsMixin, SqlEngine):
         and COMMIT take three (and a pool checkout a rollback more)."""
         conn = await self._checkout()
         try:
-            if not conn.info.get(_NO_BUSY_WAIT):
-                await (await driver_connection(conn)).execute(NO_BUSY_WAIT)
-                conn.info[_NO_BUSY_WAIT] = True
+            await no_busy_wait(conn)
             async with write_turn(self.db):
                 rows = await retry_refused(lambda: fetch(conn, sql, params),
                                            waiters_of(self.db))
@@ -227,7 +230,9 @@ class SqliteEngine(SqliteChannels, ArchiveAndStatsMixin, SqlEngine):
         # the batch's JSON made before the write lock is taken, not while it is held
         params = {"input": self.settlement_json(settlements)}
         async with self.db.begin() as conn:
-            return await self._settle_batch(conn, settlements, params)
+            applied = await self._settle_batch(conn, settlements, params)
+        await self._bound_log()
+        return applied
 
     async def _settle_in(self, conn: AsyncConnection,
                          settlements: Sequence[Settlement]) -> set[int]:

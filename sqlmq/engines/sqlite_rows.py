@@ -14,8 +14,21 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..records import Delivery
+from ..sqlite_connections import NO_BUSY_WAIT
 from .kept_connections import driver_connection
 from .rows import BatchHeaders, BatchTimes, blob, decode_history, decode_rows, undecodable_delivery
+
+#: Marks a kept connection whose busy handler is off: its writes wait by
+#: :func:`~sqlmq.sqlite_connections.retry_refused` instead.
+_NO_BUSY_WAIT = "sqlmq_no_busy_wait"
+
+
+async def no_busy_wait(conn: AsyncConnection) -> None:
+    """A kept connection's busy handler off (once): its writes are retried by
+    :func:`~sqlmq.sqlite_connections.retry_refused`, or given up, instead of waiting."""
+    if not conn.info.get(_NO_BUSY_WAIT):
+        await (await driver_connection(conn)).execute(NO_BUSY_WAIT)
+        conn.info[_NO_BUSY_WAIT] = True
 
 
 async def fetch(conn: AsyncConnection, sql: str, params: Mapping[str, Any]) -> list[Any]:

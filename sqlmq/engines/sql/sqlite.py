@@ -392,6 +392,13 @@ WHERE id IN (
 RETURNING id
 """
 
+# Checkpoint the whole log and truncate its file (sqlmq.engines.sqlite_log), waiting 50 ms at
+# most (LOG_TRUNCATE_WAIT, the busy timeout while it runs) for the commit before it (whose
+# own checkpoint may still run) and for readers of older snapshots; one row: busy (1: given
+# up), the log's pages, those copied.
+LOG_TRUNCATE_WAIT = "PRAGMA busy_timeout=50"
+LOG_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
+
 # The database file's commit counter: changes whenever any connection commits a write.
 DATA_VERSION = "PRAGMA data_version"
 
