@@ -62,3 +62,26 @@ async def test_a_truncation_kept_waiting_by_another_reader_gives_up_and_loses_no
     await engine.settle([Settlement(d.id, d.deliveries, Outcome.COMPLETE) for d in second])
     assert _log(db_url).stat().st_size == 0
     assert [s.pending for s in await broker.stats() if s.queue == "jobs"] == [1980]
+
+
+def test_tries_that_give_up_are_spaced_out_doubling(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader elsewhere that keeps the log from being truncated would cost the engine's
+    writers 50 ms every try: the pause after each try that gave up doubles, up to
+    RETRY_MOST, and a truncation that completes ends it."""
+    monkeypatch.setattr(sqlite_log, "LOG_LIMIT", LIMIT)
+    (tmp_path / "q.db-wal").write_bytes(b"\0" * (LIMIT + 1))
+    now = [100.0]
+    bound = sqlite_log.LogBound(str(tmp_path / "q.db"), clock=lambda: now[0])
+    assert bound.due()
+    pauses = []
+    for _ in range(10):
+        bound.ran(busy=True)
+        start = now[0]
+        while not bound.due():
+            now[0] += 0.125
+        pauses.append(now[0] - start)
+    assert pauses[:4] == [0.25, 0.5, 1.0, 2.0] and pauses[-1] == sqlite_log.RETRY_MOST
+    bound.ran(busy=False)
+    assert bound.due()
+    assert not sqlite_log.LogBound(":memory:").due()

@@ -10,7 +10,8 @@ through a drain of 100,000 messages, 111 MB through 20,000 of 1,000 ordered chan
 kept that size. So once the file passes :data:`LOG_LIMIT`, the engine checkpoints in
 ``TRUNCATE`` mode inside its write turn, where no writer of its process has begun; kept
 waiting over 50 ms (another process's reader or writer, the commit before it still
-checkpointing), it gives up and tries again :data:`RETRY_AFTER` later."""
+checkpointing), it gives up and tries again :data:`RETRY_AFTER` later, then twice as long
+after each try that gave up."""
 
 from __future__ import annotations
 
@@ -32,23 +33,29 @@ T = TypeVar("T")
 #: The log file's size past which the engine truncates it (SQLite's own checkpoint runs at
 #: 1,000 pages, 4 MB of 4 KB pages).
 LOG_LIMIT = 16 * 1024 * 1024
-#: How long after a truncation that gave up the next is tried.
+#: How long after a truncation that gave up the next is tried, doubling while they give up
+#: (a long reader elsewhere would otherwise cost this process's writers 50 ms every
+#: RETRY_AFTER), up to RETRY_MOST.
 RETRY_AFTER = 0.25
+RETRY_MOST = 30.0
 
 
 class LogBound:
     """When the log of the database file ``path`` is due a truncation (None: an in-memory
     or URI-named database, none)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         file = bool(path) and path != ":memory:" and not str(path).startswith("file:")
         self.log = f"{path}-wal" if file else None
         self._not_before = 0.0
+        self._pause = 0.0
         self.failures = FailureRun(f"truncating the SQLite log of {path}")
 
     def due(self) -> bool:
         """Whether the log file is past :data:`LOG_LIMIT` (a ``stat``, about 2 µs)."""
-        if self.log is None or time.monotonic() < self._not_before:
+        if self.log is None or self._clock() < self._not_before:
             return False
         try:
             return os.stat(self.log).st_size > LOG_LIMIT
@@ -57,7 +64,8 @@ class LogBound:
 
     def ran(self, busy: bool) -> None:
         """A truncation ran; ``busy``: another process kept it from completing."""
-        self._not_before = time.monotonic() + RETRY_AFTER if busy else 0.0
+        self._pause = min(max(RETRY_AFTER, 2 * self._pause), RETRY_MOST) if busy else 0.0
+        self._not_before = self._clock() + self._pause
 
 
 class LogTruncation:
@@ -112,4 +120,4 @@ class LogTruncation:
         log.failures.succeeded()
 
 
-__all__ = ["LOG_LIMIT", "RETRY_AFTER", "LogBound", "LogTruncation"]
+__all__ = ["LOG_LIMIT", "RETRY_AFTER", "RETRY_MOST", "LogBound", "LogTruncation"]
