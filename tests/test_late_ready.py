@@ -13,6 +13,7 @@ never be taken. The other engines have no floors and must pass the same tests.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ import pytest
 from sqlalchemy import text
 
 from sqlmq import Broker, Message
+from sqlmq.engines.pg_floors import SWEEP_SPACING
 from sqlmq.engines.postgres import PostgresEngine
 
 from .conftest import on_every_engine, wait_until
@@ -204,6 +206,33 @@ async def test_closing_the_engine_stops_a_sweep_under_way(broker: Broker) -> Non
     swept = sweeping()
     await asyncio.wait_for(broker.close(), 10)
     assert all(t.done() for t in swept)
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_a_slow_sweep_puts_the_next_one_off(broker: Broker) -> None:
+    """Behind a held snapshot each sweep reads more dead entries; one that took ``d``
+    seconds is followed by the next no sooner than ``SWEEP_SPACING * d`` later, so that
+    sweeping keeps to a share of the database's time (here a statement that takes 50 ms:
+    the next one a second later, not the interval of 0.2 s after it)."""
+    engine = broker.engine
+    assert isinstance(engine, PostgresEngine)
+    quick_floors(broker)
+    engine._sweep_below = ("SELECT 0, CAST(NULL AS FLOAT8) FROM (SELECT pg_sleep(0.05), "
+                           "CAST($1 AS TEXT), CAST($2 AS INTEGER[]), CAST($3 AS FLOAT8[])) AS x")
+    sweep, loop = engine._sweep, asyncio.get_running_loop()
+    spans: list[tuple[float, float]] = []
+
+    async def timed(queue: str, levels: list[int], floors: list[float]) -> list[Any]:
+        began = loop.time()
+        try:
+            return await sweep(queue, levels, floors)
+        finally:
+            spans.append((began, loop.time()))
+
+    engine._sweep = timed  # type: ignore[method-assign]
+    await consume_until(broker, "jobs", lambda: len(spans) >= 3, "three sweeps")
+    for (began, ended), (after, _) in itertools.pairwise(spans):
+        assert after - ended >= SWEEP_SPACING * (ended - began) * 0.99, spans
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql"])

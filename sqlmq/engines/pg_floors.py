@@ -22,8 +22,9 @@ one:
 The first is covered for transactions up to :attr:`ReadyFloors.margin` long: a floor stays
 that far behind what an acquire proved. For the rest, and for messages published with a
 ready time already in the past, :data:`SWEEP_BELOW_FLOORS` looks below every floor every
-:attr:`ReadyFloors.sweep_every` seconds, on another connection, and lowers a floor to what
-it finds: such a message waits at most that long more. The sweep reads what a floorless
+:attr:`ReadyFloors.sweep_every` seconds (less often while sweeps are slow:
+:data:`SWEEP_SPACING`), on another connection, and lowers a floor to what it finds: such a
+message waits at most that long more. The sweep reads what a floorless
 acquire would, once per interval instead of on every acquire, and never on the fetch
 loop's path.
 """
@@ -49,6 +50,15 @@ _ACQUIRED_AT, _READY_AT, _PRIORITY = 8, 10, 12
 #: every acquire, with no floor (as every level was before floors).
 MAX_LEVELS = 32
 
+#: A sweep that took ``d`` seconds is followed by the next one of its queue no sooner than
+#: this many times ``d`` later (if that is longer than :attr:`ReadyFloors.sweep_every`), so
+#: sweeping takes at most about a twentieth of a connection's time. Behind a held snapshot
+#: the sweep reads every dead entry below the floors, more with each second of the hold:
+#: 2,000 msg/s in ``bench.run held``, 35 ms a sweep 30 s into the hold, 355 ms after 190 s,
+#: once a second (a third of a core, on a machine of two shared with the database's other
+#: work). A message found only by the sweep then waits up to 20 times the sweep's length.
+SWEEP_SPACING = 20.0
+
 Sweep = Callable[[str, list[int], list[float]], Awaitable[Sequence[Any]]]
 
 
@@ -59,6 +69,7 @@ class _QueueFloors:
     # raise them (it did not read below the old ones).
     version: int = 0
     swept_at: float = field(default_factory=time.monotonic)
+    sweep_took: float = 0.0  # seconds, the last sweep's
     sweeping: asyncio.Task[None] | None = None
 
 
@@ -71,7 +82,7 @@ class ReadyFloors:
         #: Seconds a floor stays behind the time an acquire proved: a publishing transaction
         #: that commits later than this after its start waits for the sweep.
         self.margin = margin
-        #: Seconds between two sweeps of a queue.
+        #: Seconds between two sweeps of a queue, at least (see :data:`SWEEP_SPACING`).
         self.sweep_every = sweep_every
         self._queues: dict[str, _QueueFloors] = {}
         self._failed_sweeps = 0  # since the last sweep that worked, of any queue
@@ -117,13 +128,14 @@ class ReadyFloors:
         q = self._queues.get(queue)
         if q is None or q.sweeping is not None or not q.floors:
             return
-        if time.monotonic() - q.swept_at < self.sweep_every:
+        if time.monotonic() - q.swept_at < max(self.sweep_every, SWEEP_SPACING * q.sweep_took):
             return
         q.sweeping = asyncio.get_running_loop().create_task(
             self._sweep(queue, q, sweep), name=f"sqlmq sweep below floors of {queue!r}")
 
     async def _sweep(self, queue: str, q: _QueueFloors, sweep: Sweep) -> None:
         levels, floors = list(q.floors), list(q.floors.values())
+        started = time.monotonic()
         try:
             found = await sweep(queue, levels, floors)
         except Exception as exc:  # not a cancellation: close() stops a sweep that way
@@ -144,6 +156,7 @@ class ReadyFloors:
         finally:
             q.sweeping = None
             q.swept_at = time.monotonic()
+            q.sweep_took = q.swept_at - started
 
     def lower(self, queue: str, found: Sequence[Any]) -> None:
         """Lower floors to the ready rows a sweep found below them: ``(priority, epoch
