@@ -24,9 +24,8 @@ that far behind what an acquire proved. For the rest, and for messages published
 ready time already in the past, :data:`SWEEP_BELOW_FLOORS` looks below every floor every
 :attr:`ReadyFloors.sweep_every` seconds (less often while sweeps are slow:
 :data:`SWEEP_SPACING`), on another connection, and lowers a floor to what it finds: such a
-message waits at most that long more. The sweep reads what a floorless
-acquire would, once per interval instead of on every acquire, and never on the fetch
-loop's path.
+message waits at most that long more. The sweep reads what a floorless acquire would, once
+per interval instead of on every acquire, and never on the fetch loop's path.
 """
 
 from __future__ import annotations
