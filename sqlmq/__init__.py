@@ -25,21 +25,37 @@ if TYPE_CHECKING:
         DecodeError,
         EncodeError,
         HandlerSignatureError,
+        MessageCancelled,
+        MessageExpired,
+        MessageFailed,
+        NoResult,
         PayloadTooLarge,
         PipelineError,
         PublishError,
         PublishOutcomeUnknown,
+        ResultError,
+        ResultTimeout,
         SchemaError,
         SqlmqError,
         UnknownGroup,
+        UnknownMessage,
+        UnstorableResult,
     )
     from .insights import ArchivePage, Insights, Latency, QueueDetail, QueueOverview
     from .lifecycle import AckPolicy, Archive, Outcome, State
     from .maintenance.retention import Retention
     from .message import Message
     from .metrics import PrometheusMetrics, serve_metrics
-    from .middleware import CallNext, Middleware, MiddlewareError, PublishBatch, Settled
+    from .middleware import (
+        CallNext,
+        CallNextBatch,
+        Middleware,
+        MiddlewareError,
+        PublishBatch,
+        Settled,
+    )
     from .records import (
+        Answer,
         Cancellation,
         Delivery,
         PausedQueue,
@@ -48,6 +64,9 @@ if TYPE_CHECKING:
         Settlement,
         WorkerInfo,
     )
+    from .relay.inbox import Inbox
+    from .relay.relay import Relay
+    from .results import AWAITED_HEADER
     from .retry import Retry, RetryStrategy
     from .schedules import Cadence, Schedule, ScheduleInfo
     from .schema import SCHEMA_VERSION, Schema, archive_table, build_schema, message_table, metadata
@@ -71,13 +90,16 @@ _MODULES = (
     ".metrics",
     ".middleware",
     ".records",
+    ".results",
     ".retry",
     ".schedules",
     ".schema",
     ".topics",
     ".tracing",
     ".views",
-    ".broker",  # last: it imports most of the names above from where they live
+    ".broker",  # it imports most of the names above from where they live
+    ".relay.inbox",  # none of the far brokers' clients until an inbox runs
+    ".relay.relay",  # none of the far brokers' clients until a relay is made
 )
 
 
@@ -96,15 +118,18 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AWAITED_HEADER",
     "SCHEMA_VERSION",
     "AckPolicy",
     "AlreadySettled",
+    "Answer",
     "Archive",
     "ArchivePage",
     "ArchiveQuery",
     "Broker",
     "Cadence",
     "CallNext",
+    "CallNextBatch",
     "Cancellation",
     "ChannelFull",
     "ChannelInfo",
@@ -117,12 +142,17 @@ __all__ = [
     "EncodeError",
     "Engine",
     "HandlerSignatureError",
+    "Inbox",
     "Insights",
     "Latency",
     "Message",
+    "MessageCancelled",
+    "MessageExpired",
+    "MessageFailed",
     "MessageView",
     "Middleware",
     "MiddlewareError",
+    "NoResult",
     "Outcome",
     "PausedQueue",
     "PayloadTooLarge",
@@ -135,6 +165,9 @@ __all__ = [
     "QueueDetail",
     "QueueOverview",
     "QueueStats",
+    "Relay",
+    "ResultError",
+    "ResultTimeout",
     "Retention",
     "Retry",
     "RetryStrategy",
@@ -149,6 +182,8 @@ __all__ = [
     "TopicGroup",
     "TracingMiddleware",
     "UnknownGroup",
+    "UnknownMessage",
+    "UnstorableResult",
     "WindowCount",
     "WorkerInfo",
     "archive_table",

@@ -16,6 +16,7 @@ from .topics import TopicGroup
 
 if TYPE_CHECKING:
     from .engines.contract import Engine
+    from .results.watch import ResultWatch
     from .runtime import SubscriberRuntime
 
 
@@ -26,6 +27,7 @@ class Administration:
         _engine: Engine
         _runtimes: list[SubscriberRuntime]
         _dead_letters: DeadLetters
+        _results: ResultWatch
 
     # ---- topics --------------------------------------------------------------------------
 
@@ -99,6 +101,7 @@ class Administration:
             for runtime in self._runtimes:  # a delivery this process holds sees it now
                 runtime.cancel_requested(found.id)
         elif found.outcome == "cancelled":  # archived CANCELLED now: a dead letter
+            self._results.ended([found.id])  # a caller here may wait for it
             view = await self._engine.message_view(found.id)
             if view is not None:
                 self._dead_letters.report(DeadLetter(view.id, view.queue, view.state,

@@ -24,6 +24,8 @@ from .maintenance import LeaseRecovery
 from .middleware import Hooks
 from .operations import Operations
 from .publisher import Publisher
+from .results.requester import Results
+from .results.watch import ResultWatch
 from .retry import Retry, RetryStrategy
 from .runtime import SubscriberRuntime
 from .scheduling import Scheduling
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from .metrics import PrometheusMetrics
 
 
-class Broker(Publisher, Scheduling, Administration, Operations):
+class Broker(Publisher, Results, Scheduling, Administration, Operations):
     """A message broker on a database you already run.
 
     ``target`` is a URL (``postgresql://…``, ``mysql://…``/``mariadb://…``,
@@ -51,6 +53,15 @@ class Broker(Publisher, Scheduling, Administration, Operations):
     registry while it runs subscribers (see :mod:`sqlmq.operations`). ``retention``: how
     long the archive keeps completed and failed messages; the leader of the live workers
     deletes the older ones (see :mod:`sqlmq.maintenance.retention`).
+
+    Its calls come in six parts, each a module a reader can take on its own: this class
+    (configuration, ``subscriber``, start, stop, ``run``), :class:`~sqlmq.publisher.Publisher`
+    (publishing, sync and async, in your transaction or not),
+    :class:`~sqlmq.results.requester.Results` (waiting for results, request/reply),
+    :class:`~sqlmq.scheduling.Scheduling` (periodic schedules),
+    :class:`~sqlmq.admin.Administration` (channels, topic groups, ``cancel``, ``stats``,
+    ``insights``) and :class:`~sqlmq.operations.Operations` (pause, requeue, purge, the live
+    workers). The API reference and docs/architecture.md list them part by part.
     """
 
     def __init__(
@@ -81,6 +92,7 @@ class Broker(Publisher, Scheduling, Administration, Operations):
         self._hooks = Hooks(middleware)
         self._hooks_started = False
         self._dead_letters = DeadLetters()  # the WARNING line and @on_dead_letter hooks
+        self._results = ResultWatch(self._engine)  # callers waiting for results
         #: The Prometheus metrics of this broker (``metrics_port`` or
         #: :func:`sqlmq.metrics.serve_metrics`), else None.
         self.metrics: PrometheusMetrics | None = None
@@ -101,20 +113,12 @@ class Broker(Publisher, Scheduling, Administration, Operations):
     @property
     def db(self) -> AsyncEngine:
         """The async SQLAlchemy engine the broker runs on (created on first use)."""
-        return self._sqlalchemy("db")  # type: ignore[no-any-return]
+        return _sqlalchemy(self, "db")  # type: ignore[no-any-return]
 
     @property
     def sync_db(self) -> SyncEngine:
         """The synchronous SQLAlchemy engine ``publish_sync`` runs on (created on first use)."""
-        return self._sqlalchemy("sync_db")  # type: ignore[no-any-return]
-
-    def _sqlalchemy(self, name: str) -> Any:
-        engine = getattr(self._engine, name, None)  # a SQL engine's, created on first use
-        if engine is None:
-            raise ConfigurationError(
-                f"the broker on {self.url} has no SQLAlchemy engine ({name}): an in-memory "
-                "broker keeps its messages in the process; use broker.engine to read them")
-        return engine
+        return _sqlalchemy(self, "sync_db")  # type: ignore[no-any-return]
 
     # ---- schema --------------------------------------------------------------------------
 
@@ -151,11 +155,11 @@ class Broker(Publisher, Scheduling, Administration, Operations):
         prefetch: int | None = None, min_fetch_interval: float = 0.0,
         max_fetch_interval: float = 1.0, flush_interval: float = 0.05, flush_batch: int = 2000,
         max_unflushed: int = 10_000, lease: float = 30.0, renew_leases: bool = True,
-        recovery_interval: float | None = None,
+        recovery_interval: float | None = None, retry: RetryStrategy | None = None,
         max_deliveries: int | Literal["auto"] | None = "auto",
-        retry: RetryStrategy | None = None,
         ack_policy: AckPolicy | str = AckPolicy.NACK_ON_ERROR, graceful_timeout: float = 30.0,
         publish_to: str | None = None, archive: Archive | str = Archive.ALL,
+        results: bool = False, batch: int | None = None, batch_wait: float | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a handler for one or more queues (a decorator). With ``topic`` (a
         pattern or several: see :mod:`sqlmq.topics`) and ``group``, it consumes the group's
@@ -165,7 +169,10 @@ class Broker(Publisher, Scheduling, Administration, Operations):
         transaction that archives its message (see :mod:`sqlmq.pipeline`). ``archive``:
         which ended messages are kept in the archive, ``"all"``, ``"failed"`` (all but the
         completed ones) or ``"none"``; the others are deleted in the same fenced statement
-        (see :class:`~sqlmq.lifecycle.Archive`)."""
+        (see :class:`~sqlmq.lifecycle.Archive`). With ``results``, its return value is kept
+        for ``result`` and ``request`` (see :mod:`sqlmq.results`; needs ``archive="all"``;
+        a batch handler returns a list of one value per message). ``batch``: see
+        :mod:`sqlmq.runtime.batches`."""
         consumed, groups = subscription(queues, topic, group)
         if groups and self._started:
             raise ConfigurationError(
@@ -183,10 +190,11 @@ class Broker(Publisher, Scheduling, Administration, Operations):
             ack_policy=AckPolicy(ack_policy), graceful_timeout=graceful_timeout,
             publish_to=publish_to, max_payload_bytes=self.max_payload_bytes,
             archive=archive,  # type: ignore[arg-type]  # checked by SubscriberConfig
+            results=results, batch=batch, batch_wait=batch_wait,
         )
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:
-            self._subscribers.append(Subscriber(config, HandlerAdapter(handler)))
+            self._subscribers.append(Subscriber(config, HandlerAdapter(handler, batch=bool(batch))))
             if self._started:
                 self._start_one(self._subscribers[-1])
             return handler
@@ -211,6 +219,7 @@ class Broker(Publisher, Scheduling, Administration, Operations):
         for sub in self._subscribers:
             for pattern, group in sub.config.groups:
                 await self._engine.join_group(pattern, group)
+        await self._register_schedules()  # listed by schedules() once start() returns
         if self._hooks.lifecycle:
             self._hooks_started = True
             await self._hooks.started(self)
@@ -228,7 +237,7 @@ class Broker(Publisher, Scheduling, Administration, Operations):
 
     def _start_one(self, sub: Subscriber) -> None:
         runtime = SubscriberRuntime(self._engine, sub, self._wakeups.register(sub.queues),
-                                    self._hooks, self._dead_letters)
+                                    self._hooks, self._dead_letters, self._results.ended)
         self._runtimes.append(runtime)
         runtime.start()
         self._join_registry()  # this broker now shows in the live workers registry
@@ -264,6 +273,7 @@ class Broker(Publisher, Scheduling, Administration, Operations):
     async def close(self) -> None:
         """Stop, and release what the engine holds (the SQLAlchemy engines sqlmq created)."""
         await self.stop()
+        await self._results.close()
         await self._engine.close()
 
     async def __aenter__(self) -> Broker:
@@ -278,6 +288,17 @@ class Broker(Publisher, Scheduling, Administration, Operations):
         from .worker import run
 
         await run(self, stop)
+
+
+def _sqlalchemy(broker: Broker, name: str) -> Any:
+    """The SQLAlchemy engine ``name`` of ``broker``'s engine (a SQL engine's, created on
+    first use), or a clear error where there is none."""
+    engine = getattr(broker.engine, name, None)
+    if engine is None:
+        raise ConfigurationError(
+            f"the broker on {broker.url} has no SQLAlchemy engine ({name}): an in-memory "
+            "broker keeps its messages in the process; use broker.engine to read them")
+    return engine
 
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Broker"]

@@ -42,7 +42,7 @@ first, under their row locks, an even share each; they go first in an acquire, s
 their limits, not the unlimited channels' backlog, decide how much they run.
 
 This module holds the model: settings, their validation, and what an acquire may take from
-one channel. The engines do the reading and locking (:mod:`sqlmq.engines.core_channels`,
+one channel. The engines do the reading and locking (:mod:`sqlmq.engines.sql.channels`,
 and the in-memory engine).
 """
 
@@ -67,11 +67,11 @@ ORDERED_PRIORITY = 0
 #: SQL engines'): above every other key, so the fair acquire's read of its index, which
 #: stops below it, never meets it. Before, 10 ordered channels of 2,000 with their heads
 #: running made every acquire read the 20,000 behind them, two probes each, to find
-#: nothing (PostgreSQL 114 ms an acquire, 83 msg/s of 2,000; bench/README). Messages are
+#: nothing (PostgreSQL 114 ms an acquire, 83 msg/s of 2,000; measured 2026-11-29). Messages are
 #: let in (:data:`BLOCKED` taken off their key) in key order only, so those below it are
 #: always a prefix of their channel's order: one each time the channel's head is taken
 #: while fewer than :data:`ORDERED_LOOKAHEAD` wait behind it, and by the engines' mending
-#: of a channel left with none (see :mod:`sqlmq.engines.core_fair`). Which of those below
+#: of a channel left with none (see :mod:`sqlmq.engines.sql.fair`). Which of those below
 #: may start is decided as before, by key order (``(channel, fair_key, id)``); letting in
 #: more than needed is never wrong.
 BLOCKED = 1 << 62
@@ -106,8 +106,9 @@ ORDERED_PARK_AFTER = 5.0
 #: together. One at a time, a drain of 1,000 channels published one after the other
 #: touched a page per message (twice: taken, then archived) where a plain drain touches a
 #: page per dozen; on SQLite, which writes whole pages at each commit, 8 doubled that drain
-#: (9,700 -> 19,000-21,000 msg/s; bench/README). An ordered channel's turns keep a key each
-#: (one of its messages runs at a time anyway), so its key order stays its start order.
+#: (9,700 -> 19,000-21,000 msg/s; ``bench.run channels``, 2026-11-28). An ordered
+#: channel's turns keep a key each (one of its messages runs at a time anyway), so its key
+#: order stays its start order.
 TURN_QUANTUM = 8
 
 

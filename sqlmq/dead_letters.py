@@ -9,7 +9,7 @@ others still run: a broken alert must not stop the runtime.
 
 Those hooks hear of this process's dead letters. On PostgreSQL the database also announces
 every dead letter, whichever process wrote it: the archiving statement sends a NOTIFY (see
-:mod:`sqlmq.engines.pg_notify`), which an engine's ``dead_letter_source`` hears as a
+:mod:`sqlmq.engines.postgresql.notify`), which an engine's ``dead_letter_source`` hears as a
 :class:`DeadLetterNotice` (``sqlmq dlq watch`` follows it).
 """
 

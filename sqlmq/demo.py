@@ -5,25 +5,35 @@ retried with backoff; one in fifty always fails and ends FAILED in the archive w
 retries run out; one poison message kills whichever process handles it, until
 ``max_deliveries`` stops it. The parent restarts dead workers, draws a progress bar and
 prints what the database says at the end.
+
+The failures are the demo's point, but their tracebacks are not what a newcomer should read
+first: every process logs to one file (next to a SQLite database, else in the temp
+directory), the terminal shows a line per dead letter, and the summary names the file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import multiprocessing
 import os
 import shlex
 import shutil
 import signal
 import sys
+import tempfile
 import time
 import zlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 
 from .broker import Broker
-from .connect import create_sync, parse_url, sync_url
+from .connect import parse_url, sync_url
+from .engines import create_sync
 from .lifecycle import State
 from .message import Message
 from .retry import Retry
@@ -44,12 +54,10 @@ def _fate(n: int) -> str:
     return "ok"
 
 
-def _worker_main(url: str) -> None:
-    """A worker process: one subscriber, run until SIGTERM."""
-    import logging
-
-    logging.basicConfig(level=logging.ERROR)
-    broker = Broker(url, table_prefix=PREFIX, recovery_interval=0.25, recovery_spread=1.0)
+def _worker_main(url: str, prefix: str, log_path: str) -> None:
+    """A worker process: one subscriber, run until SIGTERM, logging to ``log_path``."""
+    _log_to(log_path)
+    broker = Broker(url, table_prefix=prefix, recovery_interval=0.25, recovery_spread=1.0)
 
     @broker.subscriber(QUEUE, workers=8, fetch_batch=25, lease=LEASE,
                        max_deliveries=MAX_DELIVERIES,
@@ -66,26 +74,32 @@ def _worker_main(url: str) -> None:
     asyncio.run(broker.run())
 
 
-async def run_demo(url: str, *, messages: int = 5000, processes: int = 2) -> int:
+async def run_demo(url: str, *, messages: int = 5000, processes: int = 2,
+                   prefix: str = PREFIX) -> int:
     from rich.console import Console
 
     console = Console()
-    _reset_tables(url)
-    broker = Broker(url, table_prefix=PREFIX)
-    await broker.migrate()
-    console.print(f"[bold]sqlmq demo[/] on {broker.url}: {messages} messages, "
-                  f"{processes} worker processes, lease {LEASE:.0f}s, "
-                  f"max_deliveries {MAX_DELIVERIES}")
-    started = time.monotonic()
-    total = await _publish(broker, messages)
-    crashes, finished = await _run_workers(broker, url, processes, total, messages, console)
-    elapsed = finished - started
-    found = await _measure(broker)
-    await broker.close()
+    _reset_tables(url, prefix)
+    log_path = demo_log_path(url)
+    with _logging_to(log_path):
+        broker = Broker(url, table_prefix=prefix)
+        await broker.migrate()
+        console.print(f"[bold]sqlmq demo[/] on {broker.url}: {messages} messages, "
+                      f"{processes} worker processes, lease {LEASE:.0f}s, "
+                      f"max_deliveries {MAX_DELIVERIES}")
+        started = time.monotonic()
+        total = await _publish(broker, messages)
+        crashes, finished = await _run_workers(broker, (url, prefix, log_path), processes,
+                                               total, messages, console)
+        elapsed = finished - started
+        found = await _measure(broker)
+        await broker.close()
     _print_table(console, found, total, crashes, elapsed)
+    console.print(f"Every failure's traceback, and what else the processes logged: {log_path}",
+                  soft_wrap=True)
     command = sqlmq_command()
-    console.print(f"Inspect it: {command} queues --url {broker.url} --prefix {PREFIX}; "
-                  f"{command} dlq list --url {broker.url} --prefix {PREFIX}")
+    console.print(f"Inspect it: {command} queues --url {broker.url} --prefix {prefix}; "
+                  f"{command} dlq list --url {broker.url} --prefix {prefix}")
     ok = found["left"] == 0 and sum(found["states"].values()) == total
     return 0 if ok else 1
 
@@ -99,15 +113,16 @@ async def _publish(broker: Broker, messages: int) -> int:
     return len(bodies)
 
 
-async def _run_workers(broker: Broker, url: str, processes: int, total: int, messages: int,
-                       console: Any) -> tuple[int, float]:
-    """Run worker processes until every message is archived (restarting the ones the poison
-    message kills), drawing a progress bar; then stop them. How many crashed, and when the
-    work was done (before the stop)."""
+async def _run_workers(broker: Broker, args: tuple[str, str, str], processes: int, total: int,
+                       messages: int, console: Any) -> tuple[int, float]:
+    """Run worker processes (``_worker_main(*args)``) until every message is archived
+    (restarting the ones the poison message kills), drawing a progress bar and a line per
+    dead letter; then stop them. How many crashed, and when the work was done (before the
+    stop)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     ctx = multiprocessing.get_context("spawn")
-    workers = [ctx.Process(target=_worker_main, args=(url,), daemon=True) for _ in range(processes)]
+    workers = [ctx.Process(target=_worker_main, args=args, daemon=True) for _ in range(processes)]
     for w in workers:
         w.start()
     crashes = 0
@@ -116,6 +131,7 @@ async def _run_workers(broker: Broker, url: str, processes: int, total: int, mes
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("archived", total=total)
         done = 0
+        shown: set[int] = set()
         deadline = time.monotonic() + 120 + messages / 200
         while done < total and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -123,10 +139,11 @@ async def _run_workers(broker: Broker, url: str, processes: int, total: int, mes
                 done = (await conn.execute(select(func.count()).select_from(archive))).scalar_one()
             progress.update(task, completed=done,
                             description=f"archived (worker crashes: {crashes})")
+            await _show_dead_letters(broker, shown, progress.console)
             for i, w in enumerate(workers):
                 if not w.is_alive():
                     crashes += 1
-                    workers[i] = ctx.Process(target=_worker_main, args=(url,), daemon=True)
+                    workers[i] = ctx.Process(target=_worker_main, args=args, daemon=True)
                     workers[i].start()
     finished = time.monotonic()
     for w in workers:
@@ -135,6 +152,23 @@ async def _run_workers(broker: Broker, url: str, processes: int, total: int, mes
     for w in workers:
         w.join(timeout=30)
     return crashes, finished
+
+
+async def _show_dead_letters(broker: Broker, shown: set[int], console: Any) -> None:
+    """One line for each dead letter not shown yet: its id and its error's first line (the
+    traceback is in the log file)."""
+    archive = broker.schema.archive
+    async with broker.db.connect() as conn:
+        ids = set((await conn.execute(
+            select(archive.c.id).where(archive.c.state == State.FAILED))).scalars()) - shown
+        if not ids:
+            return
+        found = (await conn.execute(select(archive.c.id, archive.c.error).where(
+            archive.c.id.in_(sorted(ids))).order_by(archive.c.id))).all()
+    for msg_id, error in found:
+        shown.add(msg_id)
+        console.print(f"dead letter {msg_id}: {(error or '').split(chr(10), 1)[0]}",
+                      markup=False, highlight=False, no_wrap=True, overflow="ellipsis")
 
 
 async def _measure(broker: Broker) -> dict[str, Any]:
@@ -206,10 +240,55 @@ def sqlmq_command(argv0: str | None = None) -> str:
     return shlex.quote(path)
 
 
-def _reset_tables(url: str) -> None:
+def _reset_tables(url: str, prefix: str) -> None:
     """Start every demo from empty tables of its own prefix."""
     engine = create_sync(sync_url(parse_url(url)))
     try:
-        build_schema(PREFIX).metadata.drop_all(engine)
+        build_schema(prefix).metadata.drop_all(engine)
     finally:
         engine.dispose()
+
+
+def demo_log_path(url: str) -> str:
+    """Where the demo's processes log: beside a SQLite database (``sqlmq-demo.db`` ->
+    ``sqlmq-demo.log``), else a file of this run's own in the temp directory. Emptied here,
+    as the tables are: it holds one run."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        db = Path(parsed.database).resolve()
+        path = db.with_suffix(".log") if db.suffix != ".log" else db.with_name(db.name + ".log")
+    else:
+        path = Path(tempfile.gettempdir()) / f"sqlmq-demo-{os.getpid()}.log"
+    path.write_text("")
+    return str(path)
+
+
+def _log_to(path: str) -> logging.Handler:
+    """Send every log record of this process to ``path`` (appended: the demo's processes
+    share it) instead of the terminal, where the progress bar is; the handler."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s pid %(process)d %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
+
+
+@contextlib.contextmanager
+def _logging_to(path: str) -> Iterator[None]:
+    """:func:`_log_to` for the demo's own process, whose logging is put back afterwards (the
+    command may run inside another program)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    handler = _log_to(path)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for old in handlers:
+            root.addHandler(old)
+        root.setLevel(level)

@@ -67,3 +67,56 @@ class PublishOutcomeUnknown(SqlmqError, ConnectionError):
     it again, which could publish them twice; the caller decides (look for them, or publish
     again and accept a duplicate). A ConnectionError, so retry loops treat it like any other
     lost connection."""
+
+
+class UnstorableResult(SqlmqError):
+    """A return value a subscriber with ``results=True`` cannot keep (one its codec cannot
+    encode, or over ``max_payload_bytes``): the run fails as if its handler had raised
+    this, and the retry strategy decides."""
+
+
+class ResultError(SqlmqError):
+    """What ``Broker.result`` (and ``request``) raises in place of a value: the message
+    ended otherwise than COMPLETED with a kept result, or has not ended in time. ``msg_id``
+    names the message, ``state`` its state as last read (None: no such message)."""
+
+    def __init__(self, text: str, msg_id: int, state: str | None) -> None:
+        super().__init__(text)
+        self.msg_id = msg_id
+        self.state = state
+
+
+class MessageFailed(ResultError):
+    """The message was archived FAILED (a dead letter). ``error`` is the error the archive
+    keeps: the last failure's line and traceback, or why it was rejected."""
+
+    def __init__(self, text: str, msg_id: int, state: str | None,
+                 error: str | None) -> None:
+        super().__init__(text, msg_id, state)
+        self.error = error
+
+
+class MessageCancelled(ResultError):
+    """The message was archived CANCELLED (``Broker.cancel``): it will not run."""
+
+
+class MessageExpired(ResultError):
+    """The message was archived EXPIRED: it was taken after its ``expires`` moment, and
+    never ran."""
+
+
+class NoResult(ResultError, LookupError):
+    """The message COMPLETED but no result was kept: its subscriber was registered without
+    ``results=True``, or its handler raised and ``ack_policy`` ACK completed it all the
+    same."""
+
+
+class UnknownMessage(ResultError, LookupError):
+    """No message with that id is waiting, running or in the archive: never published, not
+    committed yet, or deleted (retention, a purge, a subscriber whose ``archive=`` keeps
+    no such ending)."""
+
+
+class ResultTimeout(ResultError, TimeoutError):
+    """The message has not ended within the time given (or at once, with ``wait=False``).
+    It goes on: waiting or running, it may still end, and its result will be kept."""

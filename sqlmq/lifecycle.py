@@ -34,6 +34,7 @@ from enum import Enum, StrEnum
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .retry import RetryStrategy, delay_seconds
+from .tracebacks import handler_traceback
 
 if TYPE_CHECKING:
     from .new_messages import NewMessages
@@ -216,6 +217,13 @@ class Settlement:
     #: False: if this settlement archives the message, it deletes the row instead (the
     #: subscriber's :class:`Archive` setting, applied by :func:`decide`).
     keep: bool = True
+    #: What its handler returned, encoded as :func:`sqlmq.codec.encode_state` stores a value,
+    #: kept on the archive row by the settle's transaction if this settlement lands (a
+    #: subscriber with ``results=True``; see :mod:`sqlmq.results`). COMPLETE only.
+    result: bytes | None = None
+    #: A caller may be waiting for this message's ending (``Broker.result``): the settle
+    #: announces it where the database can (PostgreSQL's NOTIFY, in its transaction).
+    answers: bool = False
 
 
 def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
@@ -224,8 +232,8 @@ def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
 
     ``error`` is what the handler raised (or, for ``ABANDONED``, the fault), ``decision``
     its manual ack/nack/reject. The history entries written here carry no ``at``: the
-    database's settle keeps the time of the row it writes, and the runtime never reads the
-    clock. Pure apart from the retry strategy, which is the subscriber's own.
+    runtime never reads the clock, and the engine's settle gives the entry it appends the
+    database's time. Pure apart from the retry strategy, which is the subscriber's own.
 
     A delivery whose cancellation was asked for (and seen by the runtime) ends CANCELLED
     unless it succeeded: a failure, a retry, a defer or a release would run it again."""
@@ -394,7 +402,7 @@ def history_entry(
     delivery: int, ended: str, at: datetime | None = None, error: str | None = None
 ) -> dict[str, Any]:
     """One ending for a message's ``history``; ``at`` only where the caller has the
-    database's time."""
+    database's time (else the engine that writes the entry adds it)."""
     entry: dict[str, Any] = {"delivery": delivery, "ended": ended}
     if at is not None:
         entry["at"] = at.isoformat()
@@ -405,6 +413,13 @@ def history_entry(
 
 def append_history(history: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
     return [*history, entry][-HISTORY_LIMIT:]
+
+
+def records_ending(entry: Any, delivery: int, ended: str) -> bool:
+    """Whether history ``entry`` says delivery ``delivery`` ended ``ended``, whatever else
+    it holds (its ``at``, which the engine adds as it writes the entry)."""
+    return isinstance(entry, dict) and entry.get("ended") == ended and \
+        entry.get("delivery") == delivery
 
 
 # ---- error text ----------------------------------------------------------------------------
@@ -423,8 +438,10 @@ def error_text(exc: BaseException) -> str:
 
 def failure_text(exc: BaseException) -> str:
     """What a failed handler leaves in the error column: the one line of :func:`error_text`,
-    then the traceback, bounded to its last ``TRACEBACK_LIMIT`` characters."""
-    trace = "".join(traceback.format_exception(exc)).rstrip()
+    then the traceback from the user's code on (:func:`~.tracebacks.handler_traceback`),
+    bounded to its last ``TRACEBACK_LIMIT`` characters."""
+    trace = "".join(traceback.format_exception(type(exc), exc, handler_traceback(exc)))
+    trace = trace.rstrip()
     if len(trace) > TRACEBACK_LIMIT:
         trace = "…" + trace[-TRACEBACK_LIMIT:]
     return f"{error_text(exc)}\n\n{storable(trace)}"

@@ -10,13 +10,14 @@ one process (or in one test run) never collide. What is counted, by queue unless
 
 ========================================  =================================================
 ``sqlmq_messages_processed_total``        messages archived COMPLETED
-``sqlmq_messages_failed_total``           handler runs that raised
+``sqlmq_messages_failed_total``           handler runs that raised (a batch: per message)
 ``sqlmq_messages_retried_total``          results written as a retry
 ``sqlmq_messages_dead_lettered_total``    messages archived FAILED
 ``sqlmq_messages_settled_total``          every result written, by ``outcome``
 ``sqlmq_messages_published_total``        messages this process published (by destination)
 ``sqlmq_stale_results_total``             results dropped: the lease had expired
 ``sqlmq_handler_duration_seconds``        handler runs (histogram), by ``result``
+``sqlmq_batch_size``                      messages per batch handler call (histogram)
 ``sqlmq_end_to_end_latency_seconds``      publish to archive (histogram), by ``outcome``
 ``sqlmq_in_flight``                       handlers running, by ``queues`` (a subscriber's)
 ``sqlmq_prefetched``                      fetched deliveries not started, by ``queues``
@@ -30,6 +31,14 @@ one process (or in one test run) never collide. What is counted, by queue unless
 
 ``sqlmq_leader``                          1 while this broker leads the live workers
 ========================================  =================================================
+
+A batch handler's call (``batch=``) is one handler run: its duration is observed once, by
+each queue it handled messages of, not once per message, so the histogram's sum stays the
+time handlers ran (a per-message time would be the batch's time counted again for each
+message, or a share of it the handler never measured); ``sqlmq_batch_size`` counts the
+messages per call, and the time per message is the one sum over the other. A failure is
+counted per message (each message of a call that raised), since each is a failure the
+retry strategy decides on, as the retried and dead-lettered counters count messages.
 
 The gauges of running and prefetched deliveries are read from the runtime when scraped.
 The queue gauges come from ``broker.stats()`` (the counts the insights layer's overview is
@@ -55,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ConfigurationError
 from .lifecycle import Outcome
-from .middleware import BrokerLike, CallNext, Middleware, PublishBatch, Settled
+from .middleware import BrokerLike, CallNext, CallNextBatch, Middleware, PublishBatch, Settled
 from .records import QueueStats
 
 if TYPE_CHECKING:
@@ -155,6 +164,9 @@ class PrometheusMetrics(Middleware):
         self.handler_duration = pc.Histogram(
             "sqlmq_handler_duration_seconds", "Handler run time", ["queue", "result"],
             buckets=_SECONDS, registry=r)
+        self.batch_size = pc.Histogram(
+            "sqlmq_batch_size", "Messages per batch handler call", q, buckets=_SIZES,
+            registry=r)
         self.latency = pc.Histogram(
             "sqlmq_end_to_end_latency_seconds", "From publish (database time) to archive "
             "(this process's clock)", ["queue", "outcome"], buckets=_LATENCY, registry=r)
@@ -240,6 +252,26 @@ class PrometheusMetrics(Middleware):
         self.handler_duration.labels(msg.queue, "success").observe(
             time.perf_counter() - started)
         return result
+
+    async def handle_batch(self, msgs: list[Message], call_next: CallNextBatch) -> Any:
+        by_queue: dict[str, int] = {}
+        for m in msgs:
+            by_queue[m.queue] = by_queue.get(m.queue, 0) + 1
+        started = time.perf_counter()
+        try:
+            result = await call_next(msgs)
+        except BaseException:
+            self._ran_batch(by_queue, time.perf_counter() - started, "error")
+            raise
+        self._ran_batch(by_queue, time.perf_counter() - started, "success")
+        return result
+
+    def _ran_batch(self, by_queue: dict[str, int], seconds: float, result: str) -> None:
+        for queue, n in by_queue.items():
+            self.handler_duration.labels(queue, result).observe(seconds)
+            self.batch_size.labels(queue).observe(n)
+            if result == "error":
+                self.failed.labels(queue).inc(n)
 
     def settled(self, event: Settled) -> None:
         queue = event.queue or ""

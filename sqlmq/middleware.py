@@ -23,19 +23,29 @@ that overrides a hook, the hot path pays one truthiness check of an empty list.
   that wraps the write. It is synchronous, as it runs on every path, threads included.
 * :meth:`Middleware.handle` wraps the handler call of one delivery: it sees the
   :class:`~sqlmq.Message`, the return value or the exception.
+* :meth:`Middleware.handle_batch` wraps one call of a batch handler (``batch=``, see
+  :mod:`sqlmq.runtime.batches`): it sees the list of messages the call handles, the
+  list (or value) returned or the exception. ``handle`` never runs for a batch handler:
+  one call serves every message of the batch, so there is no call of one message to wrap,
+  and nesting a ``handle`` per message around it would leave each message's context (a
+  tenant, a span) inside the others', the innermost one winning. A middleware that
+  overrides ``handle`` and not ``handle_batch`` is named in a warning when a batch
+  subscriber starts: it sees nothing of that subscriber's handling.
 * :meth:`Middleware.settled`, :meth:`~Middleware.fetched`, :meth:`~Middleware.flushed` and
   :meth:`~Middleware.leases_extended` observe the runtime: a result written (or dropped as
   stale), an acquire, a settle flush, lease extensions. They must be quick and must not
   block: they run on the event loop, inside the runtime's loops.
 
 Order: middleware runs in the order it was registered, the first one outermost (its
-``publish`` context is entered first and left last, its ``handle`` calls the next one's).
+``publish`` context is entered first and left last, its ``handle`` calls the next one's,
+and so does its ``handle_batch``).
 
 Faults: an exception raised by a middleware's ``publish`` fails that publish with a
 :class:`MiddlewareError` naming it (nothing is written); one raised while leaving its context
 after the write is logged, never raised (the messages are written). One raised by its
 ``handle`` is the delivery's failure, as if the handler had raised it (the retry strategy
-decides; nothing is lost), and is logged naming the middleware. One raised by an observation
+decides; nothing is lost), and is logged naming the middleware; one raised by its
+``handle_batch`` is so for each message of the batch. One raised by an observation
 point is logged and dropped.
 """
 
@@ -54,17 +64,21 @@ from .lifecycle import Outcome, Settlement, error_text
 from .message import Message
 from .new_messages import NewMessages
 from .records import Delivery
+from .tracebacks import calls_user_code
 
 if TYPE_CHECKING:
     from .records import QueueStats
 
-__all__ = ["BrokerLike", "CallNext", "Hooks", "Middleware", "MiddlewareError", "PublishBatch",
-           "Settled"]
+__all__ = ["BrokerLike", "CallNext", "CallNextBatch", "Hooks", "Middleware", "MiddlewareError",
+           "PublishBatch", "Settled"]
 
 log = logging.getLogger("sqlmq")
 
 #: What :meth:`Middleware.handle` calls to run the rest of the chain and the handler.
 CallNext = Callable[[Message], Awaitable[Any]]
+#: What :meth:`Middleware.handle_batch` calls to run the rest of the chain and a batch
+#: handler, on the messages of the batch.
+CallNextBatch = Callable[[list[Message]], Awaitable[Any]]
 
 
 class BrokerLike(Protocol):
@@ -195,6 +209,13 @@ class Middleware:
         its exception."""
         return await call_next(msg)
 
+    async def handle_batch(self, msgs: list[Message], call_next: CallNextBatch) -> Any:
+        """Wrap one call of a batch handler, which handles every message of ``msgs`` at
+        once: ``return await call_next(msgs)`` runs the rest and returns the handler's value
+        or raises its exception, which is then each message's failure. Pass ``msgs`` on as
+        given (in order: a handler that keeps results returns them in it)."""
+        return await call_next(msgs)
+
     def settled(self, event: Settled) -> None:
         """A result was written (or dropped as stale)."""
 
@@ -239,13 +260,14 @@ class Hooks:
     """The registered middleware, sorted by hook: one list per hook holding only the
     middleware that overrides it, so a hook nobody uses is an empty list to the runtime."""
 
-    __slots__ = ("fetch", "flush", "handle", "lease", "lifecycle", "middleware", "publish",
-                 "settle")
+    __slots__ = ("fetch", "flush", "handle", "handle_batch", "lease", "lifecycle", "middleware",
+                 "publish", "settle")
 
     def __init__(self, middleware: Iterable[object] = ()) -> None:
         self.middleware: list[object] = []
         self.publish: list[object] = []
         self.handle: list[object] = []
+        self.handle_batch: list[object] = []
         self.settle: list[object] = []
         self.fetch: list[object] = []
         self.flush: list[object] = []
@@ -265,6 +287,7 @@ class Hooks:
         ms = self.middleware
         self.publish = [x for x in ms if _overrides(x, "publish")]
         self.handle = [x for x in ms if _overrides(x, "handle")]
+        self.handle_batch = [x for x in ms if _overrides(x, "handle_batch")]
         self.settle = [x for x in ms if _overrides(x, "settled")]
         self.fetch = [x for x in ms if _overrides(x, "fetched")]
         self.flush = [x for x in ms if _overrides(x, "flushed")]
@@ -323,8 +346,20 @@ class Hooks:
     def wrap(self, call: CallNext) -> CallNext:
         """``call`` (a handler adapter) inside every ``handle`` hook, the first outermost."""
         for m in reversed(self.handle):
-            call = _layer(m, call)
+            call = _layer(m, "handle", call, _one)
         return call
+
+    def wrap_batch(self, call: CallNextBatch) -> CallNextBatch:
+        """``call`` (a batch handler's) inside every ``handle_batch`` hook, the first
+        outermost."""
+        for m in reversed(self.handle_batch):
+            call = _layer(m, "handle_batch", call, _many)
+        return call
+
+    def unwrapped_by_batches(self) -> list[str]:
+        """The middleware that wraps the handling of one message but not a batch's: it
+        sees nothing of a batch handler's handling."""
+        return [_name(m) for m in self.handle if m not in self.handle_batch]
 
     # ---- observation points ----------------------------------------------------------------
 
@@ -381,31 +416,44 @@ def _leave(entered: list[tuple[object, AbstractContextManager[Any]]],
                       error_text(fault), exc_info=fault)
 
 
-def _layer(m: object, inner: CallNext) -> CallNext:
-    handle = m.handle  # type: ignore[attr-defined]
+def _layer(m: object, hook: str, inner: Callable[[Any], Awaitable[Any]],
+           about: Callable[[Any], str]) -> Callable[[Any], Awaitable[Any]]:
+    """``inner`` inside ``m``'s ``hook`` (``handle`` or ``handle_batch``); ``about`` names
+    what it handles (a message, a batch) in the line that reports the hook's own fault."""
+    handle = getattr(m, hook)
     name = _name(m)
 
-    async def call(msg: Message) -> Any:
+    @calls_user_code
+    async def call(handled: Any) -> Any:
         passed: list[BaseException] = []
 
-        async def call_next(message: Message) -> Any:
+        async def call_next(given: Any) -> Any:
             try:
-                return await inner(message)
+                return await inner(given)
             except BaseException as exc:
                 passed.append(exc)
                 raise
 
         try:
-            return await handle(msg, call_next)
+            return await handle(handled, call_next)
         except Exception as exc:
             if not passed or exc is not passed[-1]:  # its own, not the handler's
-                exc.add_note(f"raised by sqlmq middleware {name}.handle()")
-                log.error("middleware %s raised %s in handle() for message %d of queue %s; "
-                          "the delivery fails as if its handler had raised it", name,
-                          error_text(exc), msg.id, msg.queue)
+                exc.add_note(f"raised by sqlmq middleware {name}.{hook}()")
+                log.error("middleware %s raised %s in %s() for %s; the delivery fails as if "
+                          "its handler had raised it", name, error_text(exc), hook,
+                          about(handled))
             raise
 
     return call
+
+
+def _one(msg: Message) -> str:
+    return f"message {msg.id} of queue {msg.queue}"
+
+
+def _many(msgs: list[Message]) -> str:
+    queues = ", ".join(sorted({m.queue for m in msgs}))
+    return f"a batch of {len(msgs)} messages of {queues} (each delivery fails)"
 
 
 def capture_context(call: CallNext, box: dict[int, contextvars.Context]) -> CallNext:
@@ -420,6 +468,33 @@ def capture_context(call: CallNext, box: dict[int, contextvars.Context]) -> Call
             box[id(msg)] = contextvars.copy_context()
 
     return captured
+
+
+def wrapped_batch(hooks: Hooks, call: Callable[[list[Any]], Awaitable[Any]],
+                  msgs: list[Message], items: list[Any],
+                  box: list[contextvars.Context] | None = None,
+                  ) -> Callable[[], Awaitable[Any]]:
+    """One call of a batch handler (``call``, on ``items``, made of ``msgs``) inside the
+    ``handle_batch`` hooks, which see the messages; ``box`` receives the context the
+    handler ran in (a pipeline's outputs are published in it, inside the hooks' spans)."""
+    if not hooks.handle_batch:
+        return lambda: call(items)
+    item_of = {id(m): item for m, item in zip(msgs, items, strict=True)}
+
+    async def handler(given: list[Message]) -> Any:
+        try:
+            chosen = [item_of[id(m)] for m in given]
+        except (KeyError, TypeError):
+            raise TypeError("a handle_batch hook called call_next() with messages that are "
+                            "not its batch's: pass on the list it was given") from None
+        try:
+            return await call(chosen)
+        finally:
+            if box is not None:
+                box.append(contextvars.copy_context())
+
+    chain = hooks.wrap_batch(handler)
+    return lambda: chain(msgs)
 
 
 def _observer_failed(m: object, hook: str, exc: Exception) -> None:

@@ -29,6 +29,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn, ExecutableDDLElement
 
 from .channels import NO_LIMITS, ChannelSettings, Turns
+from .connect import READ_ONLY
 from .errors import SchemaError
 from .lifecycle import State
 from .schema import (
@@ -302,6 +303,20 @@ def _v20(conn: Connection, schema: Schema) -> None:
     _partial_anew(conn, schema, channel_index_of(schema))
 
 
+def _v21(conn: Connection, schema: Schema) -> None:
+    """The inbox's ledger of the far messages it took (a new table; see
+    :mod:`sqlmq.relay.ledger`)."""
+    schema.metadata.create_all(conn, tables=[schema.inbox_seen], checkfirst=True)
+
+
+def _v22(conn: Connection, schema: Schema) -> None:
+    """The archive's ``result`` (NULL by default: no table is rewritten), where a subscriber
+    with ``results=True`` keeps its handler's return value (see :mod:`sqlmq.results`)."""
+    a = schema.archive
+    if "result" not in {c["name"] for c in inspect(conn).get_columns(a.name)}:
+        conn.execute(AddColumn(a.c.result))
+
+
 def _partial_anew(conn: Connection, schema: Schema, index: Index) -> None:
     """Make ``index`` anew where its condition leaves out the messages with a
     ``fair_key`` (the condition those migrations changed) and the index there does not
@@ -350,7 +365,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
     11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17, 18: _v18,
-    19: _v19, 20: _v20}
+    19: _v19, 20: _v20, 21: _v21, 22: _v22}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -407,7 +422,7 @@ def _record(conn: Connection, schema: Schema, steps: list[int]) -> None:
 
 async def migrate(db: AsyncEngine, schema: Schema, lock: MigrationLock | None = None) -> int:
     """Create or upgrade the schema; returns the version now in place. Engines pass their
-    database's ``lock`` (see :meth:`sqlmq.engines.base.SqlEngine.migrate`).
+    database's ``lock`` (see :meth:`sqlmq.engines.sql.engine.SqlEngine.migrate`).
 
     A lock that outlives the transaction (MySQL's) is released after the COMMIT, not before:
     a migrator let in between would read the version without this one's last rows (steps
@@ -426,6 +441,9 @@ async def migrate(db: AsyncEngine, schema: Schema, lock: MigrationLock | None = 
 async def check_schema(db: AsyncEngine, schema: Schema, url: str) -> None:
     """Refuse to run on a missing or older schema, with the command that fixes it."""
     async with db.connect() as conn:
+        # A read: on SQLite the write lock would hold every command (``dlq watch``, a
+        # worker's start) until each open writer, a caller's outbox transaction too, ends.
+        await conn.execution_options(**{READ_ONLY: True})
         version = await conn.run_sync(current_version, schema)
     if version == SCHEMA_VERSION:
         return

@@ -50,7 +50,7 @@ class NewMessages(Sequence[NewMessage]):
     expires_in: float | None = None  # as NewMessage's
     expires_at: datetime | None = None
     #: One deduplication key (or None) per payload; None: no message has one. A batch with
-    #: keys takes each engine's keyed path (see :mod:`sqlmq.engines.core_publish`).
+    #: keys takes each engine's keyed path (see :mod:`sqlmq.engines.sql.publish`).
     dedup_keys: list[str | None] | None = None
     #: The channel all of them go to (see :mod:`sqlmq.channels`); None: none.
     channel: str | None = None
@@ -85,7 +85,7 @@ class NewMessages(Sequence[NewMessage]):
 
     @property
     def core_only(self) -> bool:
-        """Whether only the Core publish writes these (:mod:`sqlmq.engines.core_publish`):
+        """Whether only the Core publish writes these (:mod:`sqlmq.engines.sql.publish`):
         deduplication keys, or a channel, bypass the engines' fast paths."""
         return self.dedup_keys is not None or self.channel is not None
 

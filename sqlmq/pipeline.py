@@ -9,7 +9,7 @@
 The return value is encoded as ``publish`` encodes a body (bytes, str, JSON, a pydantic
 model) into the settlement of the input message (:attr:`Settlement.outputs
 <sqlmq.lifecycle.Settlement.outputs>`), and the engine inserts it in the transaction that
-archives the input (:mod:`sqlmq.engines.settle_onward`). So a hop between two queues is
+archives the input (:mod:`sqlmq.engines.sql.settle_onward`). So a hop between two queues is
 exactly-once: whatever crashes, the output exists if and only if the input was archived
 COMPLETED, and exists once. The handler itself may still run more than once (at least
 once, as every handler); only one of its runs leaves an output.
@@ -30,7 +30,7 @@ from .lifecycle import error_text
 from .new_messages import NewMessages
 from .publishing import prepare
 
-__all__ = ["onward"]
+__all__ = ["onward", "onward_each"]
 
 
 def onward(result: Any, queue: str, max_payload_bytes: int, handler: str) -> NewMessages | None:
@@ -43,3 +43,23 @@ def onward(result: Any, queue: str, max_payload_bytes: int, handler: str) -> New
     except Exception as exc:
         raise PipelineError(f"handler {handler} returned a value that cannot be published to "
                             f"queue {queue!r}: {error_text(exc)}") from exc
+
+
+def onward_each(result: Any, queue: str, max_payload_bytes: int,
+                handler: str) -> NewMessages | None:
+    """What a batch handler's return value publishes to ``queue``: one message per item of
+    the list it returned, None for None or an empty list."""
+    if result is None:
+        return None
+    if not isinstance(result, (list, tuple)):
+        raise PipelineError(f"batch handler {handler} returned a {type(result).__name__}: with "
+                            f"publish_to, a batch handler returns a list (one message per item) "
+                            f"or None")
+    if not result:
+        return None
+    try:
+        return prepare(queue, list(result), headers=None, delay=None, at=None,
+                       max_payload_bytes=max_payload_bytes)
+    except Exception as exc:
+        raise PipelineError(f"batch handler {handler} returned a list that cannot be published "
+                            f"to queue {queue!r}: {error_text(exc)}") from exc

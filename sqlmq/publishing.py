@@ -112,6 +112,18 @@ def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return out
 
 
+def _own_headers(each: Any, typed: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Headers of each message of its own (a sequence of mappings, one per body, as an
+    inbox takes them from a far broker), over the shared ones and the content type its body
+    was given: a ``content-type`` of its own wins, as a shared mapping's does."""
+    if isinstance(each, str | bytes) or not isinstance(each, Sequence):
+        raise PublishError(f"headers must be a mapping of str to str, or a sequence of them "
+                           f"with one per message, got {type(each).__name__}")
+    if len(each) != len(typed):
+        raise PublishError(f"headers has {len(each)} mappings for {len(typed)} messages")
+    return [{**t, **_headers(h)} for t, h in zip(typed, each, strict=True)]
+
+
 def _check_text(what: str, *texts: str) -> None:
     """Text every database stores as given: no NUL (PostgreSQL refuses it in text, others
     cut there), valid Unicode (a lone surrogate cannot be encoded). ``what`` names it."""
@@ -125,24 +137,44 @@ def _check_text(what: str, *texts: str) -> None:
                            ) from None
 
 
-def check_executor(executor: Any, *, asynchronous: bool) -> None:
-    """A publish's ``connection=``: None, or the caller's transaction of the right kind."""
+def check_executor(executor: Any, *, asynchronous: bool) -> Any:
+    """A publish's ``connection=``: None, the caller's SQLAlchemy connection or session of
+    the right kind (returned as it is), or the caller's own connection of a database driver
+    of the right kind (returned wrapped for the engine: see
+    :func:`sqlmq.engines.driver_connection_of`). The engine checks that it is to the
+    broker's kind of database, and in a transaction."""
     if executor is None:
-        return
+        return None
     from sqlalchemy.engine import Connection
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     from sqlalchemy.orm import Session
 
-    if asynchronous and not isinstance(executor, AsyncConnection | AsyncSession):
-        raise PublishError(
-            f"publish() takes an AsyncConnection or AsyncSession, got "
-            f"{type(executor).__name__}; use publish_sync() with a sync Connection/Session"
-        )
-    if not asynchronous and not isinstance(executor, Connection | Session):
-        raise PublishError(
-            f"publish_sync() takes a sync Connection or Session, got "
-            f"{type(executor).__name__}; use await publish() with async ones"
-        )
+    from .engines import driver_connection_of
+
+    if isinstance(executor, AsyncConnection | AsyncSession):
+        if asynchronous:
+            return executor
+    elif isinstance(executor, Connection | Session):
+        if not asynchronous:
+            return executor
+    else:
+        driver = driver_connection_of(executor)
+        if driver is not None and driver.ASYNCHRONOUS == asynchronous:
+            return driver
+        if driver is None:
+            raise PublishError(
+                f"connection= takes {_ASYNC_KINDS if asynchronous else _SYNC_KINDS}, got "
+                f"{type(executor).__module__}.{type(executor).__name__}")
+    if asynchronous:
+        raise PublishError(f"publish() takes {_ASYNC_KINDS}, got {type(executor).__name__}; "
+                           "use publish_sync() with a sync one")
+    raise PublishError(f"publish_sync() takes {_SYNC_KINDS}, got {type(executor).__name__}; "
+                       "use await publish() with an async one")
+
+
+_ASYNC_KINDS = ("an AsyncConnection or AsyncSession, or an asyncpg, psycopg (AsyncConnection), "
+                "aiosqlite or asyncmy connection")
+_SYNC_KINDS = ("a sync Connection or Session, or a psycopg, sqlite3 or PyMySQL connection")
 
 
 def prepare(
@@ -150,9 +182,11 @@ def prepare(
     delay: float | timedelta | None, at: datetime | None, max_payload_bytes: int,
     priority: int = 0, expires: float | timedelta | datetime | None = None,
     dedup_keys: Sequence[str | None] | None = None, channel: str | None = None,
+    headers_each: Sequence[Mapping[str, str]] | None = None,
 ) -> NewMessages:
     """Validate and encode everything before anything is written. ``dedup_keys``: one per
-    body (see :mod:`sqlmq.engines.core_publish`)."""
+    body (see :mod:`sqlmq.engines.sql.publish`). ``headers_each``: headers of each message
+    of its own, one mapping per body, over ``headers`` (see :func:`_own_headers`)."""
     try:
         check_queue(queue)
         if channel is not None:
@@ -193,5 +227,7 @@ def prepare(
             h.setdefault(CONTENT_TYPE, content_type)
         payloads.append(payload)
         shared.append(h)
+    if headers_each is not None:
+        shared = _own_headers(headers_each, shared)
     return NewMessages(queue, payloads, shared, seconds, at, priority, expires_in, expires_at,
                        _dedup_keys(dedup_keys, len(payloads)), channel)

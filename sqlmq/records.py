@@ -8,12 +8,12 @@ from typing import Any, Literal
 
 # The lifecycle owns the settlement and the history; they are re-exported here, where the
 # engines and the contract read the records that cross it.
-from .lifecycle import HISTORY_LIMIT, Settlement, append_history, history_entry
+from .lifecycle import HISTORY_LIMIT, Settlement, State, append_history, history_entry
 from .new_messages import NewMessage, NewMessages
 
-__all__ = ["HISTORY_LIMIT", "Cancellation", "Delivery", "NewMessage", "NewMessages",
-           "PausedQueue", "Published", "QueueStats", "Settlement", "WorkerBeat", "WorkerInfo",
-           "append_history", "history_entry"]
+__all__ = ["HISTORY_LIMIT", "Answer", "Cancellation", "Delivery", "NewMessage", "NewMessages",
+           "PausedQueue", "Published", "QueueStats", "Settlement", "Whereabouts", "WorkerBeat",
+           "WorkerInfo", "append_history", "history_entry"]
 
 
 class Published(int):
@@ -105,6 +105,36 @@ class QueueStats:
     oldest_ready_at: datetime | None
     expired: int = 0
     cancelled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Whereabouts:
+    """Where a message is now (``Engine.whereabouts``): ``state``, its row's in the message
+    table (PENDING, PROCESSING, RETRYABLE) or the archive's once it ended, and
+    ``deliveries``, its delivery count there. Read to say why a settle left a result out."""
+
+    state: str
+    deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """How a message stands for a caller waiting on it (``Engine.answers``): ``state``, its
+    row's in the message table while it waits or runs, the archive's once it ended; and
+    for an archived one, the ``result`` its subscriber kept (encoded as
+    :func:`sqlmq.codec.encode_state` stores a value; None: none kept) and its ``error``."""
+
+    state: str
+    result: bytes | None = None
+    error: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether it is in the archive: nothing will run it again (unless requeued)."""
+        return self.state not in _LIVE
+
+
+_LIVE = frozenset({State.PENDING.value, State.PROCESSING.value, State.RETRYABLE.value})
 
 
 @dataclass(frozen=True, slots=True)

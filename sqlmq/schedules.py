@@ -11,7 +11,7 @@ process that runs the schedule wakes at the tick, reads the database's clock, an
 engine to publish the ticks that are due. The engine locks the schedule's row, checks the
 tick is later than the last one published, publishes the message, records the tick under a
 unique key and moves ``last_tick_at``, in one transaction (see
-:mod:`sqlmq.engines.core_schedules`). Processes that come second find the tick taken.
+:mod:`sqlmq.engines.sql.schedules`). Processes that come second find the tick taken.
 
 Ticks missed while no process ran (or since a cadence changed) are handled by the
 schedule's ``catch_up``: ``"latest"`` publishes one message for the most recent missed

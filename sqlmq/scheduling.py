@@ -90,13 +90,22 @@ class Scheduling:
         first."""
         return await self._engine.delete_schedule(name)
 
-    def _run_schedules(self) -> None:
+    def _ticker_of(self) -> Ticker:
         if self._ticker is None:
             self._ticker = Ticker(self._engine, self._schedules, self.max_payload_bytes,
                                   self._wakeups.wake)
-            self._ticker.start()
-        else:
-            self._ticker.changed()
+        return self._ticker
+
+    async def _register_schedules(self) -> None:
+        """Write the schedules' rows before ``start()`` returns: left to the loop's first
+        round, ``broker.schedules()`` just after the start listed none of them yet."""
+        if self._schedules:
+            await self._ticker_of().register()
+
+    def _run_schedules(self) -> None:
+        ticker = self._ticker_of()
+        ticker.start()  # a no-op once running
+        ticker.changed()
 
     async def _stop_schedules(self) -> None:
         ticker, self._ticker = self._ticker, None

@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 22
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -139,7 +139,7 @@ def _priority() -> Column[int]:
 
 
 def _control_columns() -> list[Column[Any]]:
-    """Defer and cancellation (schema version 9; see :mod:`sqlmq.engines.core_control`): what
+    """Defer and cancellation (schema version 9; see :mod:`sqlmq.engines.sql.control`): what
     a handler saved with its last defer (see :func:`sqlmq.codec.encode_state`; NULL:
     nothing), how many of its deliveries ended in a defer (``max_deliveries`` does not count
     those), and whether a cancellation was asked for while it ran (1: any result but a
@@ -147,6 +147,15 @@ def _control_columns() -> list[Column[Any]]:
     return [Column("saved_state", _payload()),
             Column("defers_count", Integer, nullable=False, server_default=text("0")),
             Column("cancel_requested", Integer, nullable=False, server_default=text("0"))]
+
+
+def _archive_columns() -> list[Column[Any]]:
+    """The archive's ``channel`` (schema version 12): the channel the message was published
+    to (NULL: none), so that a requeue puts it back under its channel's limits; and its
+    ``result`` (version 22): what its handler returned, kept by a subscriber with
+    ``results=True`` (NULL: nothing kept) as :func:`sqlmq.codec.encode_state` stores a
+    value, written by the transaction that archives it (see :mod:`sqlmq.results`)."""
+    return [Column("channel", QueueName()), Column("result", _payload())]
 
 
 def _key_and_lease_indexes(m: str) -> list[Index]:
@@ -171,7 +180,7 @@ def _channel_columns() -> list[Column[Any]]:
 def _fair_columns() -> list[Column[Any]]:
     """A channel message's place in the fair order: its key (schema version 13, see
     :func:`fair_index`; NULL under limits), and 1 if an ordered channel gave it (version
-    19, see :func:`sqlmq.engines.core_fair.rekey`), so that the fair acquire tells an
+    19, see :func:`sqlmq.engines.sql.fair.rekey`), so that the fair acquire tells an
     ordered channel's message from another without looking up the channel of each row it
     reads."""
     return [Column("fair_key", BigInteger),
@@ -201,7 +210,7 @@ def channel_index(message: Table) -> Index:
     (:func:`limited_rows`); SQLite's planner, with statistics, read such a count by
     ``(channel, fair_key)`` (every message of a limited channel) rather than ``(channel,
     state)``, so SQLite's counts name the index (``INDEXED BY``, in
-    :mod:`sqlmq.engines.sql.sqlite`)."""
+    :mod:`sqlmq.engines.sqlite.statements`)."""
     return Index(f"ix_{message.name}_channel", message.c.channel, message.c.state,
                  message.c.channel_due_at,
                  postgresql_where=text(CHANNEL_WHERE),
@@ -286,7 +295,7 @@ def ready_index_asc(message: Table) -> Index:
     id)``, priority ascending. These databases have no partial index, so a level begins
     with its in-flight entries; acquire finds each level by reading backwards from above it,
     landing on the level's last entry (see ACQUIRE_LEVEL in
-    :mod:`sqlmq.engines.sql.mysql`). Part of schema version 4."""
+    :mod:`sqlmq.engines.mysql.statements`). Part of schema version 4."""
     c = message.c
     return Index(f"ix_{message.name}_ready_asc", c.queue, c.priority, c.next_attempt_at,
                  c.id).ddl_if(dialect=("mysql", "mariadb"))
@@ -359,9 +368,12 @@ class Schema:
     #: Per queue, the turn its channels without limits are served at (schema version 13).
     channel_clock: Table
     #: The live workers registry and the paused queues (schema version 11; see
-    #: :mod:`sqlmq.maintenance.heartbeat` and :mod:`sqlmq.engines.core_operations`).
+    #: :mod:`sqlmq.maintenance.heartbeat` and :mod:`sqlmq.engines.sql.operations`).
     worker: Table
     queue_pause: Table
+    #: The far messages the inbox has taken, by source and key (schema version 21; see
+    #: :mod:`sqlmq.relay.ledger`).
+    inbox_seen: Table
 
     @property
     def tables(self) -> list[Table]:
@@ -405,7 +417,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("expires_at", UTCDateTime()),
         # schema version 6: the deduplication key (NULL: none). Unique per queue among the
         # rows of this table, so while a message waits or runs, a publish with its key finds
-        # it (see sqlmq.engines.core_publish); an archived message has left the table and freed it.
+        # it (see sqlmq.engines.sql.publish); an archived message has left the table and freed it.
         Column("dedup_key", DedupKey()),
         *_control_columns(),  # schema version 9
         *_channel_columns(),  # schema version 10
@@ -440,9 +452,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("error", Text),
         Column("history", _json()),
         _priority(),
-        # schema version 12: the channel the message was published to (NULL: none), so a
-        # requeue puts it back under its channel's limits.
-        Column("channel", QueueName()),
+        *_archive_columns(),  # schema versions 12 and 22
         Index(f"ix_{a}_queue_archived", "queue", "archived_at"),
         Index(f"ix_{a}_state_archived", "state", "archived_at"),
     )
@@ -454,11 +464,32 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     )
     return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md),
                   _topic_group(prefix, md), *_schedule_tables(prefix, md),
-                  *_channel_tables(prefix, md), *_operations_tables(prefix, md))
+                  *_channel_tables(prefix, md), *_operations_tables(prefix, md),
+                  _inbox_seen(prefix, md))
 
 
 #: The longest host name a worker row keeps (characters; longer ones are cut).
 MAX_HOST = 255
+
+
+def _inbox_seen(prefix: str, md: MetaData) -> Table:
+    """Schema version 21: a row per far message the inbox took (see
+    :mod:`sqlmq.relay.ledger`), written in the transaction that publishes it, so that a
+    redelivery by the far broker finds it and writes nothing, even once the message has
+    left the queue (a deduplication key only holds while its message waits or runs).
+    ``source`` names where it came from (a RabbitMQ queue, a JetStream consumer, a Redis
+    stream's group), ``msg_key`` the far message's id there, ``message_id`` the message it
+    became. Rows older than the inbox's retention are deleted, by ``(source, taken_at)``."""
+    name = f"{prefix}inbox_seen"
+    return Table(
+        name,
+        md,
+        Column("source", DedupKey(), primary_key=True),
+        Column("msg_key", DedupKey(), primary_key=True),
+        Column("message_id", BigInteger),
+        Column("taken_at", UTCDateTime(), nullable=False),
+        Index(f"ix_{name}_taken", "source", "taken_at"),
+    )
 
 
 def _operations_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:

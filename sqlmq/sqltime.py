@@ -17,7 +17,7 @@ from .schema import UTCDateTime
 
 
 # SQLite keeps ISO text with six fractional digits so that values written from Python and
-# values computed here compare correctly as text (as in sqlmq/engines/sql/sqlite.py).
+# values computed here compare correctly as text (as in sqlmq/engines/sqlite/statements.py).
 def sqlite_now_plus(param: str) -> str:
     return f"(strftime('%Y-%m-%d %H:%M:%f','now',printf('%+.6f seconds',{param}))||'000')"
 
@@ -38,22 +38,68 @@ class db_now_plus(FunctionElement[Any]):
     name = "db_now_plus"
 
 
-def _seconds(compiler: Any, element: db_now_plus, **kw: Any) -> str:
+def _argument(compiler: Any, element: FunctionElement[Any], **kw: Any) -> str:
     (arg,) = list(element.clauses)
     return compiler.process(arg, **kw)
 
 
 @compiles(db_now_plus, "postgresql")
 def _pg(element: db_now_plus, compiler: Any, **kw: Any) -> str:
-    return pg_now_plus(_seconds(compiler, element, **kw))
+    return pg_now_plus(_argument(compiler, element, **kw))
 
 
 @compiles(db_now_plus, "mysql")
 @compiles(db_now_plus, "mariadb")
 def _my(element: db_now_plus, compiler: Any, **kw: Any) -> str:
-    return mysql_now_plus(_seconds(compiler, element, **kw))
+    return mysql_now_plus(_argument(compiler, element, **kw))
 
 
 @compiles(db_now_plus, "sqlite")
 def _lite(element: db_now_plus, compiler: Any, **kw: Any) -> str:
-    return sqlite_now_plus(_seconds(compiler, element, **kw))
+    return sqlite_now_plus(_argument(compiler, element, **kw))
+
+
+# A settle's new history with the database's time as its newest entry's "at": the runtime
+# appends that entry (the one thing a settle adds) but never reads a clock. An entry that
+# already has its time keeps it. The time is written as each database writes a
+# lease_expired entry's; NULL stays NULL (the history is kept).
+def sqlite_stamped(history: str) -> str:
+    return f"json_insert({history}, '$[#-1].at', strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now'))"
+
+
+def pg_stamped(history: str) -> str:
+    entries = f"CAST({history} AS JSONB)"
+    return (f"jsonb_set({entries}, ARRAY['-1'], jsonb_build_object('at', to_char("
+            "now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"')) || "
+            f"({entries} -> -1))")
+
+
+# No DATE_FORMAT: MariaDB's settle travels in one packet with %s parameters, where its %Y …
+# would be taken for placeholders. A DATETIME(6) as text is "YYYY-MM-DD HH:MM:SS.ffffff".
+def mysql_stamped(history: str) -> str:
+    return (f"JSON_INSERT({history}, '$[last].at', "
+            "REPLACE(CONCAT(UTC_TIMESTAMP(6), '+00:00'), ' ', 'T'))")
+
+
+class stamped_history(FunctionElement[Any]):
+    """A new history (a JSON array, the newest entry last) with the database's time as that
+    entry's ``at``, unless it has one; ``history`` is a SQL expression."""
+
+    inherit_cache = True
+    name = "stamped_history"
+
+
+@compiles(stamped_history, "postgresql")
+def _pg_stamped(element: stamped_history, compiler: Any, **kw: Any) -> str:
+    return pg_stamped(_argument(compiler, element, **kw))
+
+
+@compiles(stamped_history, "mysql")
+@compiles(stamped_history, "mariadb")
+def _my_stamped(element: stamped_history, compiler: Any, **kw: Any) -> str:
+    return mysql_stamped(_argument(compiler, element, **kw))
+
+
+@compiles(stamped_history, "sqlite")
+def _lite_stamped(element: stamped_history, compiler: Any, **kw: Any) -> str:
+    return sqlite_stamped(_argument(compiler, element, **kw))

@@ -7,6 +7,7 @@ an error at import time, not a stream of failed messages later.
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import inspect
 import types
 import typing
@@ -20,6 +21,7 @@ from .lifecycle import AckPolicy, Archive
 from .message import Message
 from .retry import Retry, RetryStrategy
 from .schema import DEFAULT_MAX_PAYLOAD, MAX_QUEUE_NAME
+from .tracebacks import calls_user_code
 
 Handler = Callable[..., Any]
 
@@ -84,6 +86,16 @@ class SubscriberConfig:
     #: Which ended messages go to the archive; the others are deleted (see
     #: :class:`~sqlmq.lifecycle.Archive`).
     archive: Archive = Archive.ALL
+    #: Keep the handler's return value on its message's archive row, for
+    #: ``Broker.result`` and ``request`` (see :mod:`sqlmq.results`); a batch handler
+    #: returns a list of one value per message.
+    results: bool = False
+    #: A batch handler: it receives a list of up to ``batch`` messages (see
+    #: :mod:`sqlmq.runtime.batches`); None: one message per call.
+    batch: int | None = None
+    #: The longest a batch waits to fill, in seconds (default ``DEFAULT_BATCH_WAIT``);
+    #: only with ``batch``.
+    batch_wait: float | None = None
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -117,8 +129,16 @@ class SubscriberConfig:
         except ValueError:
             raise ConfigurationError(f"archive must be 'all', 'failed' or 'none', got "
                                      f"{self.archive!r}") from None
+        if not isinstance(self.results, bool):
+            raise ConfigurationError(f"results must be True or False, got {self.results!r}")
+        if self.results and self.archive is not Archive.ALL:
+            raise ConfigurationError(
+                f"results=True keeps each return value on its message's archive row, and "
+                f"archive={self.archive.value!r} deletes completed messages: use "
+                "archive='all' (the retention setting bounds how long results are kept)")
         if not callable(self.retry):
             raise ConfigurationError("retry must be a Retry or a callable (attempt, error)")
+        self._check_batch()
         if self.max_deliveries == "auto":
             self.max_deliveries = default_max_deliveries(self.retry)
         if self.max_deliveries is not None and (
@@ -129,6 +149,29 @@ class SubscriberConfig:
                 f"{self.max_deliveries!r}")
 
 
+    def _check_batch(self) -> None:
+        if self.batch is None:
+            if self.batch_wait is not None:
+                raise ConfigurationError("batch_wait needs batch= (the most messages a batch "
+                                         "handler receives at once)")
+            return
+        if not isinstance(self.batch, int) or isinstance(self.batch, bool) or self.batch < 1:
+            raise ConfigurationError(f"batch must be an int of at least 1, got {self.batch!r}")
+        if self.batch_wait is None:
+            self.batch_wait = DEFAULT_BATCH_WAIT
+        if (not isinstance(self.batch_wait, (int, float)) or isinstance(self.batch_wait, bool)
+                or not self.batch_wait >= 0):
+            raise ConfigurationError(f"batch_wait must be 0 or more seconds, got "
+                                     f"{self.batch_wait!r}")
+        assert self.prefetch is not None
+        if self.batch > self.prefetch:
+            # The buffer never holds more than prefetch: such a batch could never fill.
+            raise ConfigurationError(f"batch ({self.batch}) is over prefetch "
+                                     f"({self.prefetch}): raise prefetch to at least batch")
+
+
+#: How long a batch waits to fill by default: long enough for the next acquire to land.
+DEFAULT_BATCH_WAIT = 0.1
 #: The least ``max_deliveries`` defaults to.
 DEFAULT_MAX_DELIVERIES = 10
 #: Deliveries the default leaves beyond a retry strategy's ``max_attempts``: each delivery
@@ -152,7 +195,7 @@ def default_max_deliveries(retry: RetryStrategy) -> int:
 class HandlerAdapter:
     """Calls the user's handler with what its one parameter asks for."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, batch: bool = False) -> None:
         if not callable(handler):
             raise HandlerSignatureError(f"handler {handler!r} is not callable")
         self.handler = handler
@@ -160,6 +203,8 @@ class HandlerAdapter:
         # A callable object counts as async when its __call__ is a coroutine function.
         call = None if inspect.isroutine(handler) else type(handler).__call__
         self.is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+        #: A batch handler takes a list: ``convert`` then makes one item of it.
+        self.batch = batch
         self.convert = self._converter(handler)
 
     def _converter(self, handler: Handler) -> Callable[[Message], Any]:
@@ -188,13 +233,39 @@ class HandlerAdapter:
         except Exception:  # unresolvable forward references: fall back to raw annotations
             hints = {}
         annotation = hints.get(positional[0].name, positional[0].annotation)
+        if self.batch:
+            return _converter_for(_batch_item(annotation, self.name, sig), self.name)
         return _converter_for(annotation, self.name)
 
+    @calls_user_code
     async def __call__(self, message: Message) -> Any:
         argument = self.convert(message)
         if self.is_async:
             return await self.handler(argument)
         return await asyncio.to_thread(self.handler, argument)
+
+    @calls_user_code
+    async def call_batch(self, items: list[Any]) -> Any:
+        """A batch handler's call, on the items ``convert`` made of its messages."""
+        if self.is_async:
+            return await self.handler(items)
+        return await asyncio.to_thread(self.handler, items)
+
+
+_LISTS = (list, collections.abc.Sequence, collections.abc.Iterable, collections.abc.Collection)
+
+
+def _batch_item(annotation: Any, name: str, sig: inspect.Signature) -> Any:
+    """What each item of a batch handler's list is: ``list[X]`` (or a ``Sequence[X]``)
+    gives X; a bare ``list``, or no annotation, gives the messages themselves."""
+    if annotation in (inspect.Parameter.empty, Any) or annotation in _LISTS:
+        return Message
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in _LISTS and len(args) == 1:
+        return args[0]
+    raise HandlerSignatureError(
+        f"batch handler {name}{sig} must take a list: annotate it list[Message], "
+        f"list[bytes], list[str] or list[Model], not {_type_name(annotation)}")
 
 
 def _converter_for(annotation: Any, name: str) -> Callable[[Message], Any]:

@@ -18,6 +18,16 @@
   ``messaging.message.id`` and ``messaging.sqlmq.message.delivery_count``; a handler that
   raises leaves the exception on the span and its status ERROR. A message without trace
   headers starts a new trace.
+* A batch handler's call (``batch=``) makes one CONSUMER span for the batch, ``process
+  <queue>`` (its queues joined by commas, and no ``messaging.destination.name``, when a
+  subscriber of several queues got messages of more than one), with
+  ``messaging.batch.message_count`` and the messages' ids (``messaging.sqlmq.message.ids``),
+  and a link to each producer span the batch's messages came from (the link's
+  ``messaging.batch.message_count`` says how many), as the messaging conventions have a
+  batch's processing: one call handles them all, and a span per message would claim each
+  took the batch's time. When every message came from one
+  producer span (a ``publish_batch``), that span is also its parent, so the common case
+  stays one trace; otherwise the batch starts a trace of its own.
 
 Per call rather than per message: a batch of 10,000 messages is one operation of the
 producer, and one span per message would cost more than the insert.
@@ -33,7 +43,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .middleware import CallNext, Middleware, PublishBatch
+from .middleware import CallNext, CallNextBatch, Middleware, PublishBatch
 
 if TYPE_CHECKING:
     from .message import Message
@@ -70,9 +80,11 @@ class TracingMiddleware(Middleware):
 
     def __init__(self, tracer_provider: Any = None, propagator: Any = None) -> None:
         trace, propagate = _otel()
-        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace import Link, SpanKind
 
         self._kinds = SpanKind
+        self._link = Link
+        self._span_of = trace.get_current_span
         self.tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         self.propagator = propagator if propagator is not None else propagate.get_global_textmap()
 
@@ -116,3 +128,30 @@ class TracingMiddleware(Middleware):
                 }):
             return await call_next(msg)
 
+    async def handle_batch(self, msgs: list[Message], call_next: CallNextBatch) -> Any:
+        # the producer spans, by (trace id, span id): their context and the messages of the
+        # batch they published (a span context is no dict key: its trace state is a dict)
+        sources: dict[tuple[int, int], tuple[Any, int]] = {}
+        for m in msgs:
+            source = self._span_of(self.propagator.extract(m.headers)).get_span_context()
+            if source.is_valid:
+                key = (source.trace_id, source.span_id)
+                sources[key] = (source, sources.get(key, (source, 0))[1] + 1)
+        one_source = len(sources) == 1 and sum(n for _, n in sources.values()) == len(msgs)
+        parent = self.propagator.extract(msgs[0].headers if one_source else {})
+        queues = sorted({m.queue for m in msgs})
+        attributes: dict[str, Any] = {
+            "messaging.system": "sqlmq",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.batch.message_count": len(msgs),
+            "messaging.sqlmq.message.ids": [str(m.id) for m in msgs],
+        }
+        if len(queues) == 1:
+            attributes["messaging.destination.name"] = queues[0]
+        links = [self._link(source, {"messaging.batch.message_count": n})
+                 for source, n in sources.values()]
+        with self.tracer.start_as_current_span(
+                f"process {','.join(queues)}", context=parent, kind=self._kinds.CONSUMER,
+                attributes=attributes, links=links):
+            return await call_next(msgs)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .codec import BYTES_TYPE, decode
+from .errors import DecodeError
 from .lifecycle import State
 
 #: The archive states an operator calls dead letters: the message ended without success
@@ -46,6 +48,10 @@ class MessageView:
     error: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     channel: str | None = None
+    #: What its handler returned, as a subscriber with ``results=True`` kept it (see
+    #: :mod:`sqlmq.results`), encoded as :func:`sqlmq.codec.encode_state` stores a value;
+    #: None: nothing kept. :meth:`result_parts` splits it.
+    result: bytes | None = None
 
     @property
     def live(self) -> bool:
@@ -68,6 +74,16 @@ class MessageView:
         except ValueError:
             return text
 
+    def result_parts(self) -> tuple[str, bytes] | None:
+        """The kept result as its content type and its payload (None: none kept). A stored
+        value not in sqlmq's format (a hand edit) shows whole, as bytes."""
+        if self.result is None:
+            return None
+        kind, sep, payload = self.result.partition(b"\n")
+        if not sep:
+            return BYTES_TYPE, self.result
+        return kind.decode("ascii", "replace"), payload
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: times in ISO 8601, the payload decoded (JSON or text) or in
         base64 when it is binary."""
@@ -86,6 +102,9 @@ class MessageView:
             out["payload_base64"] = base64.b64encode(self.payload).decode()
         else:
             out["payload"] = self.body()
+        parts = self.result_parts()
+        if parts is not None:
+            out.update(_result_json(*parts))
         return out
 
 
@@ -125,6 +144,17 @@ class WindowCount:
     expired: int = 0
     #: Of those, how many needed more than one delivery (they were retried or recovered).
     retried: int = 0
+
+
+def _result_json(content_type: str, payload: bytes) -> dict[str, Any]:
+    """A kept result for JSON: ``result`` decoded (JSON or text), or ``result_base64``."""
+    try:
+        value = decode(payload, content_type)
+    except DecodeError:
+        value = payload
+    if isinstance(value, bytes):
+        return {"result_base64": base64.b64encode(value).decode()}
+    return {"result": value}
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .commit_hooks import on_commit
+from .engines import DriverConnection
 
 
 class Wakeups:
@@ -33,11 +34,16 @@ class Wakeups:
 
     def wake_when_visible(self, queue: str, connection: Any) -> None:
         """Wake the subscribers of ``queue`` now, or, for a publish in the caller's
-        transaction (``connection``), when that commits."""
+        transaction (``connection``), when that commits. A driver's own connection tells no
+        one of its commit: the database wakes them then where it can, else they are woken
+        now, and poll fast after it (see :mod:`sqlmq.engines.sql.drivers.connection`)."""
         if queue not in self._events:
             return
         if connection is None:
             self.wake(queue)
+        elif isinstance(connection, DriverConnection):
+            if not connection.COMMIT_WAKES:
+                self.wake(queue)
         else:
             on_commit(connection, (id(self), queue), lambda: self.wake(queue))
 

@@ -35,9 +35,10 @@ async def run(broker: Broker, stop: asyncio.Event | None = None) -> None:
         counters = [r.counters for r in broker.runtimes]
         await broker.close()
         log.info("sqlmq worker stopped after %.1f s: %d completed, %d failed, %d retried, "
-                 "%d given back", loop.time() - started,
+                 "%d expired, %d given back", loop.time() - started,
                  sum(c.completed for c in counters), sum(c.failed for c in counters),
-                 sum(c.retried for c in counters), sum(c.released for c in counters))
+                 sum(c.retried for c in counters), sum(c.expired for c in counters),
+                 sum(c.released for c in counters))
 
 
 class Broker(Protocol):

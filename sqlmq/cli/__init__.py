@@ -26,8 +26,10 @@ from .common import (
     UsageError,
 )
 from .dashboard import dashboard
+from .inbox import inbox
 from .messages import cancel, inspect, publish, queues, show
 from .operations import pause, resume, workers
+from .relay import relay
 from .run import demo, migrate, worker
 from .topology import channels, groups, schedules
 
@@ -43,7 +45,8 @@ def cli(verbose: bool) -> None:
 
 
 for _command in (demo, migrate, worker, publish, queues, inspect, show, cancel, dlq, purge,
-                 pause, resume, workers, groups, channels, schedules, dashboard):
+                 pause, resume, workers, groups, channels, schedules, dashboard, inbox,
+                 relay):
     cli.add_command(_command)
 
 

@@ -156,17 +156,23 @@ _WATCH_MARGIN = timedelta(minutes=1)
 @click.option("--queue")
 @click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="seconds between looks at the archive")
+@click.option("--since", type=Duration("s"), default=None, metavar="DURATION",
+              help="also print those archived this long before the start (15m, 2h, 1d)")
 @json_option
 @database
-async def dlq_watch(broker: Broker, queue: str | None, interval: float, as_json: bool) -> int:
-    """Print each new dead letter (FAILED or CANCELLED) as it is archived, until Ctrl-C.
+async def dlq_watch(broker: Broker, queue: str | None, interval: float,
+                    since: timedelta | None, as_json: bool) -> int:
+    """Print each dead letter (FAILED or CANCELLED) archived after the start, as it is
+    archived, until Ctrl-C (with --since, those of that long before the start first).
 
     On PostgreSQL it follows the dead-letter NOTIFY, printing each at once, and still looks
     at the archive every --interval seconds and after every reconnect (a notification sent
     while its connection was down is lost). Elsewhere it looks at the archive every
     --interval seconds."""
     await broker.check_schema()
-    watch = _Watch(broker, queue, as_json, await broker.engine.now())
+    start = await broker.engine.now()
+    watch = _Watch(broker, queue, as_json, start if since is None else start - since)
+    await watch.skip_archived(everything=since is None)
     # A notice of a dead letter, or None: the listening connection (re)connected.
     events: asyncio.Queue[DeadLetterNotice | None] = asyncio.Queue()
     source = broker.engine.dead_letter_source(events.put_nowait,
@@ -231,14 +237,29 @@ class _Watch:
         self.queue = queue
         self.as_json = as_json
         self.since = since  # the newest archive time printed (or the start)
-        # Printed, by (id, archive time): a requeued message that dies again is a new dead
-        # letter. Forgotten past the margin.
+        # Printed or skipped, by (id, archive time): a requeued message that dies again is a
+        # new dead letter. Forgotten past the margin.
         self.seen: dict[tuple[int, datetime | None], datetime] = {}
 
+    async def skip_archived(self, everything: bool) -> None:
+        """Before the first look: the dead letters the archive holds already (all of them,
+        or those archived before ``since``) count as seen, so the margin never prints one
+        archived before the start, and one committed from now on, whatever its time, is
+        printed, as it is not among them."""
+        for v in await self._unseen():
+            assert v.archived_at is not None
+            if everything or v.archived_at < self.since:
+                self.seen[v.id, v.archived_at] = v.archived_at
+
     async def scan(self) -> None:
+        for v in reversed(await self._unseen()):
+            self._print(v)
+        self.seen = {k: at for k, at in self.seen.items() if at >= self.since - _WATCH_MARGIN}
+
+    async def _unseen(self) -> list[MessageView]:
         # A row archived by a transaction that began before ``since`` and committed after
         # it carries an earlier time: the margin catches those committed within a minute.
-        # The rows since then are read newest first, page after page, printed oldest first.
+        # The rows since then are read newest first, page after page.
         insights = self.broker.insights()
         fresh: list[MessageView] = []
         page = await insights.archive(ArchiveQuery(
@@ -247,11 +268,8 @@ class _Watch:
         while True:
             fresh += [v for v in page.items if (v.id, v.archived_at) not in self.seen]
             if page.next is None:
-                break
+                return fresh
             page = await insights.archive(page.next)
-        for v in reversed(fresh):
-            self._print(v)
-        self.seen = {k: at for k, at in self.seen.items() if at >= self.since - _WATCH_MARGIN}
 
     async def notified(self, notice: DeadLetterNotice) -> None:
         """A dead letter's notification: printed as a look at the archive would print it;

@@ -133,7 +133,7 @@ def _headers(items: tuple[str, ...]) -> dict[str, str]:
 @json_option
 @database
 async def show(broker: Broker, msg_id: int, as_json: bool) -> int:
-    """A message by id, waiting, running or archived: payload, headers, history."""
+    """A message by id, waiting, running or archived: payload, headers, result, history."""
     await broker.check_schema()
     view = await broker.insights().message(msg_id)
     if view is None:
@@ -161,9 +161,22 @@ def print_message(view: MessageView, as_json: bool) -> None:
               else payload)
     else:
         print(f"payload ({len(view.payload)} bytes, hex): {view.payload.hex(' ')}")
+    _print_result(view, data)
     print("history:")
     for entry in view.history:
         print(f"  {json.dumps(entry, sort_keys=True)}")
+
+
+def _print_result(view: MessageView, data: dict[str, Any]) -> None:
+    """The result its subscriber kept (``results=True``), if any, as the payload is shown."""
+    parts = view.result_parts()
+    if parts is None:
+        return
+    if "result" in data:
+        value = data["result"]
+        print("result:", value if isinstance(value, str) else json.dumps(value, indent=2))
+    else:
+        print(f"result ({len(parts[1])} bytes, hex): {parts[1].hex(' ')}")
 
 
 @click.command("cancel")
@@ -172,13 +185,16 @@ def print_message(view: MessageView, as_json: bool) -> None:
 @database
 async def cancel(broker: Broker, ids: tuple[int, ...], as_json: bool) -> int:
     """Cancel messages: archive waiting ones CANCELLED, flag running ones (their handler
-    sees msg.cancel_requested). Exits 1 if an id names no message."""
+    sees msg.cancel_requested). An id that names no message is an error on stderr, and the
+    command exits 1 after cancelling the others (--json lists every id, those too)."""
     await broker.check_schema()
     found = [await broker.cancel(i) for i in ids]
     if as_json:
         print_json([{"id": c.id, "outcome": c.outcome, "state": c.state} for c in found])
-    else:
-        for c in found:
+    for c in found:
+        if c.outcome == "unknown":
+            print(f"sqlmq: error: {c}", file=sys.stderr)
+        elif not as_json:
             print(c)
     return EXIT_FAILED if any(c.outcome == "unknown" for c in found) else 0
 

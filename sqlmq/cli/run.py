@@ -20,13 +20,16 @@ from .common import PositiveInt, UsageError, database, database_error
               help="database URL")
 @click.option("--messages", type=PositiveInt(), default=5000, show_default=True)
 @click.option("--processes", type=PositiveInt(), default=2, show_default=True)
-def demo(url: str, messages: int, processes: int) -> int:
-    """Publish, consume, retry and dead-letter thousands of messages."""
+@click.option("--prefix", default="sqlmq_demo_", show_default=True,
+              help="table prefix (its tables are dropped first)")
+def demo(url: str, messages: int, processes: int, prefix: str) -> int:
+    """Publish, consume, retry and dead-letter thousands of messages. Handler tracebacks go
+    to a log file the summary names."""
     from ..demo import run_demo
 
     async def run() -> int:
         try:
-            return await run_demo(url, messages=messages, processes=processes)
+            return await run_demo(url, messages=messages, processes=processes, prefix=prefix)
         except SqlmqError:
             raise
         except Exception as exc:  # a database error: one line, no URL secrets

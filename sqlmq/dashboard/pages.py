@@ -156,6 +156,7 @@ async def message(request: Request, dash: Dashboard) -> Response:
     view = await _message(request, dash)
     return dash.render(request, "message.html", title=f"Message {view.id}", nav="",
                        msg=view, payload=views.payload(view.payload),
+                       result=views.kept_result(view),
                        history=views.history_rows(view.history),
                        dead=not view.live and view.state in DEAD_STATES)
 

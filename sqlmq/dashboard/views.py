@@ -242,6 +242,13 @@ def payload(raw: bytes) -> Payload:
                    len(text) > PAYLOAD_SHOWN or len(raw) > PRETTY_LIMIT)
 
 
+def kept_result(view: MessageView) -> Payload | None:
+    """The result a subscriber kept for the message (``results=True``), shown as a payload
+    is: pretty JSON, text or a hex dump; None: none kept."""
+    parts = view.result_parts()
+    return None if parts is None else payload(parts[1])
+
+
 def _text_prefix(raw: bytes) -> str | None:
     """The start of a payload too large to pretty-print, as text; None: it is binary."""
     part = raw[:PAYLOAD_SHOWN]
@@ -380,5 +387,5 @@ def paused_json(p: PausedQueue, now: datetime) -> dict[str, Any]:
 __all__ = ["COUNTS", "MAX_PAGE_SIZE", "PAGE_SIZE", "PAYLOAD_SHOWN", "Payload", "Problem",
            "age", "archive_params", "archive_query", "archived_json", "charts_json", "count",
            "detail_json", "duration", "first_line", "hex_dump", "history_rows",
-           "latency_json", "message_id", "moment", "one", "overview_json", "paused_json",
-           "payload", "per_minute", "seconds", "since", "when", "worker_json"]
+           "kept_result", "latency_json", "message_id", "moment", "one", "overview_json",
+           "paused_json", "payload", "per_minute", "seconds", "since", "when", "worker_json"]

@@ -2,7 +2,7 @@
 
 :func:`engine_for` is the only place that chooses an engine: from a URL, or from the
 SQLAlchemy engine a caller built. ``memory://`` is the in-process engine of
-:mod:`sqlmq.engines.memory`, for tests and examples.
+:mod:`sqlmq.engines.memory.engine`, for tests and examples.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from ..connect import parse_url
 from ..errors import ConfigurationError
 from ..schema import Schema
 from .contract import Engine, WakeSource
+from .sql.connect import create_async, create_sync
+from .sql.drivers import AsyncDriverConnection, DriverConnection, SyncDriverConnection
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from .base import SqlEngine
+    from .sql.engine import SqlEngine
 
 #: The URL scheme of the in-memory engine.
 MEMORY_SCHEME = "memory"
@@ -36,7 +38,7 @@ def is_memory_url(url: str | URL) -> bool:
 def engine_for_url(url: str | URL, schema: Schema) -> Engine:
     """The engine for a database URL; its SQLAlchemy engines are created on first use."""
     if is_memory_url(url):
-        from .memory import MemoryEngine
+        from .memory.engine import MemoryEngine
 
         return MemoryEngine(schema)
     parsed = parse_url(url)
@@ -63,20 +65,36 @@ def engine_for(target: str | URL | AsyncEngine | SyncEngine, schema: Schema) -> 
     )
 
 
+def driver_connection_of(connection: object) -> DriverConnection | None:
+    """The caller's own connection of a database driver (asyncpg, psycopg, sqlite3,
+    aiosqlite, PyMySQL, asyncmy), ready for a publish in its transaction; None for anything
+    else. Each database's package knows its drivers (see :mod:`.sql.drivers`)."""
+    from .mysql.drivers import DRIVERS as MYSQL
+    from .postgresql.drivers import DRIVERS as POSTGRESQL
+    from .sqlite.drivers import DRIVERS as SQLITE
+
+    for driver in (*POSTGRESQL, *MYSQL, *SQLITE):
+        if driver.recognises(connection):
+            return driver(connection)
+    return None
+
+
 def _engine_class(name: str) -> type[SqlEngine]:
     if name == "postgresql":
-        from .postgres import PostgresEngine
+        from .postgresql.engine import PostgresEngine
 
         return PostgresEngine
     if name in ("mysql", "mariadb"):
-        from .mysql import MysqlEngine
+        from .mysql.engine import MysqlEngine
 
         return MysqlEngine
     if name == "sqlite":
-        from .sqlite import SqliteEngine
+        from .sqlite.engine import SqliteEngine
 
         return SqliteEngine
     raise ConfigurationError(f"no sqlmq engine for database {name!r}")
 
 
-__all__ = ["Engine", "WakeSource", "engine_for", "engine_for_url", "is_memory_url"]
+__all__ = ["AsyncDriverConnection", "DriverConnection", "Engine", "SyncDriverConnection",
+           "WakeSource", "create_async", "create_sync", "driver_connection_of", "engine_for",
+           "engine_for_url", "is_memory_url"]

@@ -19,9 +19,13 @@ for all (the archive's retention, :mod:`sqlmq.maintenance.retention`; the queue-
 gauges of :mod:`sqlmq.metrics`): the live worker that started first (by ``started_at``,
 then id). Each beat reads the live rows and sets :attr:`Heartbeat.leading`. When the leader
 stops, its row goes at once and the next-oldest takes over at its next beat; when it dies,
-its row expires first (:data:`MISSED_BEATS` intervals). Two processes can both believe they
-lead only around such a change, for at most one interval, and both duties are safe to run
-twice (deleting expired archive rows; reading counts).
+its row expires first (:data:`MISSED_BEATS` intervals). A leader's belief is a lease: it
+lasts :data:`MISSED_BEATS` intervals from the moment its last beat was sent, the least time
+the others take to judge its row dead, so a process that stalls (a loaded host, a long
+pause) stops leading before another can start, and does not act on a stale belief when it
+wakes. Two processes can both lead only when their clocks disagree on how fast time
+passes, and both duties are safe to run twice anyway (deleting expired archive rows;
+reading counts).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from importlib import metadata
@@ -76,8 +81,8 @@ class Heartbeat:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.version = sqlmq_version()
-        #: Whether this broker leads the live workers (see the module), as of its last beat.
-        self.leading = False
+        self._leading = False  # as of its last beat
+        self._lease_ends = 0.0  # time.monotonic() when that belief lapses
         #: Beats written, and dead rows deleted by them.
         self.beats = 0
         self.swept = 0
@@ -106,7 +111,7 @@ class Heartbeat:
         if task is None:
             return
         self._stopping.set()
-        self.leading = False
+        self._leading = False
         await asyncio.wait([task], timeout=STOP_TIMEOUT)
         await cancel_and_wait(task)
         try:
@@ -115,6 +120,12 @@ class Heartbeat:
             log.warning("could not remove worker %s from the workers registry (%s); its row "
                         "ages out in %.0f s", self.id, describe(exc),
                         MISSED_BEATS * self.interval)
+
+    @property
+    def leading(self) -> bool:
+        """Whether this broker leads the live workers (see the module): it did at its last
+        beat, and that beat was sent less than :data:`MISSED_BEATS` intervals ago."""
+        return self._leading and time.monotonic() < self._lease_ends
 
     def beat_now(self) -> WorkerBeat:
         """What the next beat writes."""
@@ -125,20 +136,22 @@ class Heartbeat:
     async def _run(self) -> None:
         backoff = Backoff("the heartbeat of the workers registry")
         while not self._stopping.is_set():
+            sent = time.monotonic()  # the row expires no sooner than this plus its ttl
             try:
                 swept = await self.engine.heartbeat(self.beat_now())
                 live = await self.engine.workers()
             except Exception as exc:
-                self.leading = False  # unsure of its own row: let another lead meanwhile
+                self._leading = False  # unsure of its own row: let another lead meanwhile
                 self._tried.set()
                 await backoff.failed(exc)
                 continue
             first = min(live, key=lambda w: (w.started_at, w.id), default=None)
             leading = first is not None and first.id == self.id and not self._stopping.is_set()
-            if leading != self.leading:
+            if leading != self._leading:
                 log.info("worker %s %s the live workers (it does the duties one process does "
                          "for all)", self.id, "now leads" if leading else "no longer leads")
-            self.leading = leading
+            self._leading = leading
+            self._lease_ends = sent + MISSED_BEATS * self.interval
             backoff.succeeded()
             self.beats += 1
             self._tried.set()

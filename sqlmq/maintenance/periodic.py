@@ -91,12 +91,18 @@ class Ticker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait)
 
-    async def round(self) -> float:
-        """Publish what is due; returns the seconds until the next tick (capped)."""
+    async def register(self) -> None:
+        """Write the rows of the schedules not registered yet. The broker's start awaits it,
+        so that ``broker.schedules()`` lists them as soon as ``start()`` returns; a round
+        registers those added later."""
         for schedule in self.schedules:
             if schedule.name not in self._registered:
                 await self.engine.register_schedule(schedule)
                 self._registered.add(schedule.name)
+
+    async def round(self) -> float:
+        """Publish what is due; returns the seconds until the next tick (capped)."""
+        await self.register()
         known = {info.name: info for info in await self.engine.schedules()}
         now = await self.engine.now()
         read_at = asyncio.get_running_loop().time()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..dead_letters import LOG_ONLY, DeadLetters
@@ -27,6 +28,7 @@ from ..lifecycle import TRACEBACK_LIMIT, Ending, decide
 from ..middleware import NO_HOOKS, Hooks
 from ..records import Delivery
 from ..subscriber import Subscriber
+from .batches import BatchFlusher, BatchWorkers
 from .counters import RuntimeCounters
 from .fetcher import Fetcher
 from .flusher import Flusher
@@ -43,11 +45,16 @@ __all__ = ["QUARANTINE_AFTER", "TRACEBACK_LIMIT", "RuntimeCounters", "Subscriber
 log = logging.getLogger("sqlmq")
 
 
+def _nobody(ids: list[int]) -> None:
+    """No caller of this process waits for results."""
+
+
 class SubscriberRuntime:
     """One subscriber at work: its services, wired together, started and stopped in order."""
 
     def __init__(self, engine: Engine, subscriber: Subscriber, wakeup: asyncio.Event,
-                 hooks: Hooks = NO_HOOKS, dead_letters: DeadLetters = LOG_ONLY) -> None:
+                 hooks: Hooks = NO_HOOKS, dead_letters: DeadLetters = LOG_ONLY,
+                 answered: Callable[[list[int]], None] = _nobody) -> None:
         self.engine = engine
         self.subscriber = subscriber
         self.cfg = cfg = subscriber.config
@@ -59,17 +66,20 @@ class SubscriberRuntime:
         # fetcher may go on (a worker took from the buffer, results were written).
         gate, room = asyncio.Event(), asyncio.Event()
         gate.set()
-        self.flusher = Flusher(engine, cfg, self.counters, self.holdings, room.set,
-                               ready=wakeup.set, hooks=hooks, dead_letters=dead_letters)
+        flusher = Flusher if cfg.batch is None else BatchFlusher
+        self.flusher = flusher(engine, cfg, self.counters, self.holdings, room.set,
+                               ready=wakeup.set, hooks=hooks, dead_letters=dead_letters,
+                               answered=answered)
         self.fetcher = Fetcher(engine, cfg, self.counters, self.holdings, self.flusher.results,
                                gate, room, wakeup, hooks=hooks)
         self.leases = LeaseKeeper(engine, cfg, self.counters, self.holdings,
                                   self.flusher.results, hooks=hooks)
         self.quarantine = Quarantine(cfg, self.fetcher.buffer, self.flusher, gate, room.set,
-                                     self.fetcher.parked)
-        self.workers = Workers(cfg, self.adapter, self.name, self.fetcher.buffer, room.set,
-                               self.holdings, self.leases, self.flusher, self.quarantine,
-                               hooks=hooks)
+                                     self.fetcher.parked, self.fetcher.sizing.after_suspect)
+        pool = Workers if cfg.batch is None else BatchWorkers
+        self.workers = pool(cfg, self.adapter, self.name, self.fetcher.buffer, room.set,
+                            self.holdings, self.leases, self.flusher, self.quarantine,
+                            hooks=hooks)
         self.flusher.passing = SlotPassing(
             cfg, self.holdings, self.counters, self.fetcher.hand_over, self._free_to_start,
             lambda s: self.flusher.add(s, soon=True))

@@ -16,6 +16,8 @@ class RuntimeCounters:
     released: int = 0
     deferred: int = 0
     cancelled: int = 0
+    #: Archived EXPIRED without running (acquired at or after their ``expires_at``).
+    expired: int = 0
     stale: int = 0  # settlements dropped because the delivery was no longer ours
     lost_leases: int = 0
     #: Lease renewals that woke more than a third of a lease late (a blocked or starved loop).

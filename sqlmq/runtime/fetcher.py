@@ -64,6 +64,15 @@ class FetchSize:
         free = min(self.prefetch, 2 * self.size) - buffered
         return min(self.size, free) if free >= max(1, self.size // 2) else 0
 
+    def after_suspect(self) -> None:
+        """A suspect runs alone (see :mod:`.quarantine`): the next acquire asks for one
+        message, below the floor. The crashes that made it a suspect made its neighbours in
+        the queue suspects too, and each runs with everything else this process holds
+        handed back: a batch fetched between two suspects is a batch handed back. The size
+        grows back by doubling as batches come back full; one less than a quarter full
+        returns it to the floor."""
+        self.size = 1
+
     def observe(self, got: int, limit: int, buffered: int) -> None:
         """After an acquire of ``limit`` that found ``got``, with ``buffered`` deliveries
         still waiting from earlier batches when it came back."""

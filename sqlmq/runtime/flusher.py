@@ -9,14 +9,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..backoff import Backoff, describe
+from ..backoff import Backoff
 from ..dead_letters import DEAD_OUTCOMES, LOG_ONLY, DeadLetters
 from ..lifecycle import Outcome, Settlement
 from ..middleware import NO_HOOKS, Hooks, Settled
+from ..results.keeping import awaited
 from ..tasks import cancel_and_wait, loop_task
 from .counters import RuntimeCounters
 from .leases import Holdings, Key
+from .refusals import RefusalSplitting, database_answers
 from .slot_passing import SlotPassing
+from .stale import log_stale
 
 if TYPE_CHECKING:
     from ..engines.contract import Engine
@@ -32,8 +35,16 @@ ISOLATE_AFTER = 3
 #: as a deadlock's victim, before the flush backs off as after any other failure.
 VICTIM_TRIES = 3
 
+#: The counter of :class:`RuntimeCounters` a written result adds to, for every outcome: one
+#: left to a catch-all was miscounted (expired messages were counted as given back).
+_COUNTED = {
+    Outcome.COMPLETE: "completed", Outcome.FAIL: "failed", Outcome.RETRY: "retried",
+    Outcome.DEFER: "deferred", Outcome.CANCEL: "cancelled", Outcome.EXPIRE: "expired",
+    Outcome.RELEASE: "released",
+}
 
-class Flusher:
+
+class Flusher(RefusalSplitting):
     """Buffers results and writes them in batches: every ``flush_interval``, or at once when
     a batch is full (or when the interval is 0); a failed batch is retried with backoff and
     never dropped, a batch the database keeps refusing is split to find the one result at
@@ -44,9 +55,11 @@ class Flusher:
     def __init__(self, engine: Engine, cfg: SubscriberConfig, counters: RuntimeCounters,
                  holdings: Holdings, room: Callable[[], None],
                  ready: Callable[[], None] = lambda: None, hooks: Hooks = NO_HOOKS,
-                 dead_letters: DeadLetters = LOG_ONLY) -> None:
+                 dead_letters: DeadLetters = LOG_ONLY,
+                 answered: Callable[[list[int]], None] = lambda ids: None) -> None:
         self.engine = engine
         self._dead_letters = dead_letters
+        self._answered = answered  # tells this process's callers waiting for results
         self._hooks = hooks  # middleware observing flushes and results (flushed, settled)
         self.cfg = cfg
         self.counters = counters
@@ -87,7 +100,7 @@ class Flusher:
             await self._flushed.wait()
         self.results.append(settlement)
         if (len(self.results) >= self.cfg.flush_batch or not self.cfg.flush_interval
-                or _held_a_slot(self.holdings.held, settlement)):
+                or _urgent(self.holdings.held, settlement)):
             self._now.set()
 
     def add(self, settlement: Settlement, *, soon: bool = False) -> None:
@@ -135,7 +148,7 @@ class Flusher:
     async def _flush_locked(self) -> None:
         victim = 0
         while self.results:
-            batch = _one_per_message(self.results, self.cfg.flush_batch)
+            batch = self._pick()
             try:
                 applied, started = await self._settle(batch, passing=not self.stopping)
             except Exception as exc:
@@ -146,10 +159,10 @@ class Flusher:
                              "again (%d of %d)", len(batch), victim + 1, VICTIM_TRIES)
                     continue
                 if (self._backoff.failures + 1 >= ISOLATE_AFTER
-                        and await _answers(self.engine)):
+                        and await database_answers(self.engine)):
                     # The database is up, yet this batch keeps failing: one result in it
                     # cannot be written. Find it rather than stop the worker for good.
-                    if await self._settle_apart(batch):
+                    if await self._settle_apart(batch, exc):
                         self._backoff.succeeded()
                         continue
                 await self._backoff.failed(exc)
@@ -160,6 +173,10 @@ class Flusher:
             if started:
                 assert self.passing is not None
                 self.passing.start(started)
+
+    def _pick(self) -> list[Settlement]:
+        """The next batch of results to write."""
+        return _one_per_message(self.results, self.cfg.flush_batch)
 
     async def _settle(self, batch: list[Settlement],
                       passing: bool = False) -> tuple[set[int], list[Delivery]]:
@@ -189,6 +206,9 @@ class Flusher:
         if observed:
             self._hooks.on_flushed(self.cfg.queues, len(batch), self.cfg.flush_batch,
                                    time.perf_counter() - started)
+        dropped = [s for s in batch if s.id not in applied]
+        if dropped:
+            await log_stale(self.engine, dropped, self.cfg.archive)
         return applied, onward
 
     def _applied(self, batch: list[Settlement], applied: set[int], passed: int = 0) -> None:
@@ -214,80 +234,16 @@ class Flusher:
             lost.discard((s.id, s.deliveries))
             in_doubt.discard((s.id, s.deliveries))
             if s.id not in applied:
-                c.stale += 1
-                log.warning("dropped a stale result for message %d (delivery %d): its lease "
-                            "expired and it was delivered again", s.id, s.deliveries)
-            elif s.outcome is Outcome.COMPLETE:
-                c.completed += 1
-            elif s.outcome is Outcome.FAIL:
-                c.failed += 1
-            elif s.outcome is Outcome.RETRY:
-                c.retried += 1
-            elif s.outcome is Outcome.DEFER:
-                c.deferred += 1
-            elif s.outcome is Outcome.CANCEL:
-                c.cancelled += 1
+                c.stale += 1  # logged, with why, by _settle
             else:
-                c.released += 1
+                counter = _COUNTED[s.outcome]
+                setattr(c, counter, getattr(c, counter) + 1)
             if s.outcome in DEAD_OUTCOMES and s.id in applied:
                 self._dead_letters.settled(s, d)  # logged, and the broker's hooks told
+        if answered := [s.id for s in batch if s.answers and s.id in applied]:
+            self._answered(answered)
         self._flushed.set()
         self._room()
-
-    async def _settle_apart(self, batch: list[Settlement]) -> bool:
-        """Find the one result the database refuses: settle the halves and follow the half
-        that fails. When both halves fail, the database is refusing everything (a missing
-        table, a permission) rather than one result: nothing is given up then, and the flush
-        backs off as usual. True when some results were written (or one given up)."""
-        progress = False
-        while len(batch) > 1:
-            mid = len(batch) // 2
-            failed = []
-            for half in (batch[:mid], batch[mid:]):
-                try:
-                    applied, _ = await self._settle(half)
-                except Exception:
-                    failed.append(half)
-                else:
-                    self._applied(half, applied)
-                    progress = True
-            if len(failed) != 1:
-                return progress
-            batch = failed[0]
-        if not progress:  # a lone result: nothing shows it is the one at fault
-            return False
-        try:  # it failed beside one that did not; a lock timeout deserves a second try
-            applied, _ = await self._settle(batch)
-        except Exception as exc:
-            if await _answers(self.engine):
-                self._give_up(batch[0], exc)
-        else:
-            self._applied(batch, applied)
-        return True
-
-    def _give_up(self, s: Settlement, exc: BaseException) -> None:
-        """Drop a result the database will not take. The message itself stays in the queue,
-        PROCESSING under a lease we stop renewing, so it is delivered again once the lease
-        expires: nothing is lost, and the worker goes on with everything else."""
-        self.results[:] = [r for r in self.results if r is not s]
-        self.holdings.held.pop((s.id, s.deliveries), None)
-        self._in_doubt.discard((s.id, s.deliveries))
-        self.counters.unwritable += 1
-        log.error("the result of message %d (delivery %d, %s) cannot be written: %s; it will be "
-                  "delivered again when its lease expires", s.id, s.deliveries,
-                  s.outcome.name.lower(), describe(exc))
-        self._flushed.set()
-        self._room()
-
-
-async def _answers(engine: Engine) -> bool:
-    """Whether the database answers at all (a batch failing while it does holds a result it
-    refuses)."""
-    try:
-        await engine.now()
-    except Exception:
-        return False
-    return True
 
 
 def _ready_again(s: Settlement) -> bool:
@@ -304,12 +260,30 @@ def _held_a_slot(held: dict[Key, Delivery], s: Settlement) -> bool:
     return d is not None and d.holds_slot
 
 
-def _one_per_message(results: list[Settlement], limit: int) -> list[Settlement]:
+def _urgent(held: dict[Key, Delivery], s: Settlement) -> bool:
+    """Whether ``s`` is written without waiting for the interval: its delivery held a
+    channel's slot (see :func:`_held_a_slot`), or a caller waits for its message's result
+    (``Broker.request``), whose answer would otherwise come an interval late. Results
+    written early still go in batches: those that come while a flush runs share the next."""
+    d = held.get((s.id, s.deliveries))
+    return d is not None and (d.holds_slot or (s.answers and awaited(d.headers)))
+
+
+def _one_per_message(results: list[Settlement], limit: int,
+                     together: dict[int, int] | None = None) -> list[Settlement]:
     """Up to ``limit`` results, at most one per message: the engine reports the ids that
-    landed, so a stale result beside a newer one of the same message would be miscounted."""
+    landed, so a stale result beside a newer one of the same message would be miscounted.
+    A batch handler's results (``together``) are never split: the batch ends before one
+    that would not fit, or grows to hold one that comes first."""
     batch: list[Settlement] = []
     ids: set[int] = set()
     for s in results:
+        if together and id(s) in together:
+            size = together[id(s)]
+            if not batch:
+                limit = max(limit, size)
+            elif len(batch) + size > limit:
+                break
         if s.id not in ids:
             batch.append(s)
             ids.add(s.id)

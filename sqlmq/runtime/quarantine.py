@@ -7,6 +7,11 @@ process again, only its own delivery count goes up; messages that merely shared 
 with it are not pushed towards ``max_deliveries``. One expiry is not enough: after a single
 crash every message the process held has one, and running them all alone would stall the
 backlog (measured: ~60 msg/s while workers were being killed repeatedly).
+
+Suspects come in runs: the crashes that made one made its neighbours in the queue suspects
+too. So a suspect also makes the fetcher's next acquire small (one message, growing back as
+batches come back full): what is fetched while a suspect waits to run is handed back, and a
+full batch after each suspect was a batch handed back for the next.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class Quarantine:
 
     def __init__(self, policy: Policy, buffer: WorkBuffer[Delivery | None],
                  flusher: Flusher, gate: asyncio.Event, room: Callable[[], None],
-                 fetch_parked: asyncio.Event) -> None:
+                 fetch_parked: asyncio.Event,
+                 fetch_less: Callable[[], None] = lambda: None) -> None:
         self.policy = policy
         self.buffer = buffer
         #: Set while no acquire is out: what one in flight brings back must be handed back
@@ -49,6 +55,9 @@ class Quarantine:
         #: Open (set) unless a suspect runs: the fetcher waits on it, a worker that finds it
         #: closed hands its delivery back.
         self.gate = gate
+        #: Makes the fetcher's next acquire small: a suspect's neighbours are likely
+        #: suspects too, and whatever is fetched when the next one runs is handed back.
+        self._fetch_less = fetch_less
         self._lock = asyncio.Lock()  # one suspect at a time
 
     async def run_alone(self, d: Delivery, run: Callable[[Delivery], Awaitable[Settlement | None]],
@@ -56,6 +65,7 @@ class Quarantine:
         """Run ``d`` with ``run`` once nothing else runs (``idle`` set by the workers)."""
         async with self._lock:
             self.gate.clear()
+            self._fetch_less()
             try:
                 await self._fetch_parked.wait()
                 self._hand_back_buffered()

@@ -1,5 +1,5 @@
 """Freed channel slots passed straight on by the flusher's settles
-(``engine.settle_passing``, :mod:`sqlmq.engines.core_slots`)."""
+(``engine.settle_passing``, :mod:`sqlmq.engines.sql.slots`)."""
 
 from __future__ import annotations
 

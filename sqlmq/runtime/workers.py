@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import DecodeError, PayloadTooLarge, PipelineError
+from ..errors import DecodeError
 from ..lifecycle import (
     Ending,
     Outcome,
@@ -21,10 +21,12 @@ from ..lifecycle import (
     unrunnable,
 )
 from ..message import LeaseHandle, Message
-from ..middleware import NO_HOOKS, Hooks, MiddlewareError, capture_context
-from ..pipeline import onward
+from ..middleware import NO_HOOKS, Hooks, capture_context
 from ..records import Delivery
+from ..results.keeping import Announcer
+from ..tracebacks import handler_traceback
 from .buffer import WorkBuffer
+from .carried import carried
 from .flusher import Flusher
 from .lease_deadlines import LeaseRanOut, within_lease
 from .leases import Holdings
@@ -64,6 +66,8 @@ class Workers:
             self._contexts = {}
             self._call = hooks.wrap(capture_context(adapter, self._contexts))
         self.name = name
+        #: Marks the settlements a caller may wait for (see :mod:`sqlmq.results`).
+        self._announcer = Announcer(cfg.results, adapter.name)
         self.buffer = buffer
         self._room = room  # a delivery left the buffer: the fetcher may fetch again
         self._holdings = holdings
@@ -180,7 +184,10 @@ class Workers:
         self.running += 1
         self.idle.clear()
         try:
-            return await self._process(d)
+            settlement = await self._process(d)
+            if settlement is not None:
+                self._announcer.mark(settlement, d.headers)
+            return settlement
         finally:
             self.running -= 1
             if self.running == 0:
@@ -220,25 +227,11 @@ class Workers:
             error = exc
         finally:
             context = None if self._contexts is None else self._contexts.pop(id(msg), None)
-        decision = msg.decision
-        settlement = decide(d, cfg, error, decision)
-        saved = settlement.saved_state
-        if saved is not None and len(saved) > cfg.max_payload_bytes:
-            error, decision = PayloadTooLarge(
-                f"the state message {d.id} saved with defer() is {len(saved)} bytes, over the "
-                f"limit of {cfg.max_payload_bytes} (max_payload_bytes)"), None
-            settlement = decide(d, cfg, error)
-        if cfg.publish_to is not None and settlement.outcome is _COMPLETE and error is None:
-            try:
-                settlement.outputs = onward(result, cfg.publish_to, cfg.max_payload_bytes,
-                                            self.adapter.name)
-                if settlement.outputs is not None and self._hooks.publish:
-                    self._hooks.publish_output(settlement.outputs, msg, context)
-            except (PipelineError, MiddlewareError) as exc:
-                # the step failed (its output, or a publish hook on it): its retry strategy
-                # decides
-                error, decision = exc, None
-                settlement = decide(d, cfg, error)
+        hooks = self._hooks
+        publish_output = None if not hooks.publish else (
+            lambda outputs: hooks.publish_output(outputs, msg, context))
+        settlement, error, decision = carried(d, cfg, self.adapter.name, error, msg.decision,
+                                              result, publish_output)
         if error is not None:
             self._report(d, error, settlement)
         elif decision is None and settlement.outcome is not _COMPLETE:
@@ -290,9 +283,11 @@ def _log_failure(level: int, text: str, error: BaseException) -> None:
     """Log ``text`` with ``error``'s traceback. A user's exception may carry text no log
     stream can encode (a lone surrogate): the record would then fail in every handler that
     writes it (and crash a test runner's worker). Such a traceback is logged escaped, as the
-    archive stores it, instead of as ``exc_info``."""
-    trace = "".join(traceback.format_exception(error))
+    archive stores it, instead of as ``exc_info``. Either way the traceback starts where the
+    archive's does: at the user's code, when they raised it."""
+    info = (type(error), error, handler_traceback(error))
+    trace = "".join(traceback.format_exception(*info))
     if storable(trace) == trace:
-        log.log(level, "%s", text, exc_info=error)
+        log.log(level, "%s", text, exc_info=info)
     else:
         log.log(level, "%s\n%s", storable(text), storable(trace.rstrip()))

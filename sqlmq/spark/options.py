@@ -15,7 +15,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine as SyncEngine
 
-from ..connect import create_sync, parse_url, safe_url, sync_url
+from ..connect import parse_url, safe_url, sync_url
+from ..engines import create_sync
 from ..engines.spark import SparkLedger, ledger_for
 from ..errors import ConfigurationError, SchemaError
 from ..migrate import current_version

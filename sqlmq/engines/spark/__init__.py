@@ -21,15 +21,15 @@ def ledger_for(sql_engine: SyncEngine, schema: Schema,
     is called at named points between statements (crash tests)."""
     name = sql_engine.dialect.name
     if name == "postgresql":
-        from .postgresql import PostgresLedger
+        from ..postgresql.spark_ledger import PostgresLedger
 
         return PostgresLedger(sql_engine, schema, checkpoint)
     if name in ("mysql", "mariadb"):
-        from .mysql import MysqlLedger
+        from ..mysql.spark_ledger import MysqlLedger
 
         return MysqlLedger(sql_engine, schema, checkpoint)
     if name == "sqlite":
-        from .sqlite import SqliteLedger
+        from ..sqlite.spark_ledger import SqliteLedger
 
         return SqliteLedger(sql_engine, schema, checkpoint)
     raise ConfigurationError(f"no sqlmq Spark ledger for database {name!r}")

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine as SyncEngine
 from ...lifecycle import State
 from ...schema import Schema
 from ...sqltime import db_now_plus
-from ..sql import names_for
+from ..sql.statements import names_for
 
 #: ``(id, deliveries, attempts)`` of one leased message: the delivery it was leased under.
 Lease = tuple[int, int, int]
