@@ -1,4 +1,4 @@
-"""The SQL engines' lookouts (``sqlmq.engines.core_fair.Lookout``): whether a channel, a limit
+"""The SQL engines' lookouts (``sqlmq.engines.sql.fair.Lookout``): whether a channel, a limit
 or a channel without limits exists, which an engine that has seen none looks for again every
 ``CHANNEL_LOOK_INTERVAL``, as another process may have made one. On PostgreSQL, MariaDB and
 SQLite (the in-memory engine has no such part: it sees its rows)."""
@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from sqlmq import Broker
-from sqlmq.engines import core_fair
+from sqlmq.engines.sql import fair as core_fair
 
 from .conftest import sibling
 

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import literal, select
 
 from sqlmq import Broker
-from sqlmq.engines import core_room
+from sqlmq.engines.sql import room as core_room
 
 from .conftest import rows
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from sqlmq import Broker
-from sqlmq.connect import create_async, parse_url
+from sqlmq.connect import parse_url
+from sqlmq.engines import create_async
 
 from .test_channels import four_channels_of_two
 

@@ -167,10 +167,14 @@ async def test_worker_runs_subscribers_until_sigterm(
             if len(await rows(broker, "archive")) == 50:
                 break
             await asyncio.sleep(0.1)
-        # --metrics-port: the worker's own counts, and it leads (the only live worker)
+        # --metrics-port: the worker's own counts, and it leads (the only live worker). It
+        # learns that it leads from its heartbeat's reading of the registry, which runs
+        # beside the subscribers: on a loaded machine the 50 messages can be handled before
+        # the first beat (or a retry of one that failed) has read it, so both are awaited.
         samples: Samples = {}
-        while time.monotonic() < deadline and value(
-                samples, "sqlmq_messages_processed_total", queue="jobs") != 50:
+        while time.monotonic() < deadline and (value(
+                samples, "sqlmq_messages_processed_total", queue="jobs") != 50
+                or value(samples, "sqlmq_leader") != 1):
             with contextlib.suppress(OSError):
                 samples = await scrape(port)
             await asyncio.sleep(0.1)
@@ -276,13 +280,21 @@ async def test_cancel_command_answers_for_each_id(
                                          str(waiting), "--json")).stdout)
         assert listed == [{"id": waiting, "outcome": "cancelled", "state": "CANCELLED"}]
         plain = await asyncio.to_thread(run_cli, "cancel", "--url", db_url, "--prefix",
-                                        prefix, str(running), str(waiting), "999999")
+                                        prefix, str(running), "999999", str(waiting))
         assert plain.returncode == 1 and plain.stdout.splitlines() == [
             f"message {running} is running: cancellation requested (its handler sees "
             "msg.cancel_requested; unless it succeeds it ends CANCELLED)",
-            f"message {waiting} had already ended as CANCELLED: nothing to cancel",
-            "no message 999999 (not waiting, running or archived)"]
+            f"message {waiting} had already ended as CANCELLED: nothing to cancel"]
+        # an unknown id is an error, on stderr like every command's, not a line of output
+        assert plain.stderr.splitlines() == [
+            "sqlmq: error: no message 999999 (not waiting, running or archived)"]
         assert await broker.engine.cancel_requests([running]) == {running}
+        listed = await asyncio.to_thread(run_cli, "cancel", "--url", db_url, "--prefix",
+                                         prefix, "999998", "--json")
+        assert listed.returncode == 1 and json.loads(listed.stdout) == [
+            {"id": 999998, "outcome": "unknown", "state": None}]
+        assert listed.stderr.splitlines() == [
+            "sqlmq: error: no message 999998 (not waiting, running or archived)"]
     finally:
         await broker.close()
 

@@ -11,9 +11,12 @@ import json
 import os
 import sys
 import threading
+from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy import insert
 
 from sqlmq import Broker, Message, Outcome, Settlement
 
@@ -65,6 +68,27 @@ async def test_inspect_and_show_read_queues_and_messages(broker: Broker,
 
     queues = json.loads((await cli("queues", *where, "--json")).stdout)
     assert [(q["queue"], q["pending"], q["failed"]) for q in queues] == [("orders", 1, 1)]
+
+
+async def test_show_prints_the_result_a_subscriber_kept(broker: Broker,
+                                                       where: list[str]) -> None:
+    @broker.subscriber("thumbs", results=True, flush_interval=0.01)
+    async def thumb(body: str) -> Any:
+        return {"url": f"{body}.png"} if body != "raw" else b"\x01\x02"
+
+    await broker.start()
+    made = await broker.publish("thumbs", "cat")
+    raw = await broker.publish("thumbs", "raw")
+    await broker.result(made, timeout=20)
+    await broker.result(raw, timeout=20)
+    await broker.stop()
+    text = (await cli("show", str(made), *where)).stdout
+    assert 'result: {\n  "url": "cat.png"\n}' in text
+    assert json.loads((await cli("show", str(made), *where, "--json")).stdout)["result"] == {
+        "url": "cat.png"}
+    assert "result (2 bytes, hex): 01 02" in (await cli("show", str(raw), *where)).stdout
+    assert "result" not in (await cli("show", str(await broker.publish("q", 1)), *where)
+                            ).stdout
 
 
 async def test_publish_from_a_file_and_json_lines_on_stdin(
@@ -155,7 +179,7 @@ async def test_dlq_watch_prints_new_dead_letters(broker: Broker, db_url: str,
     """A real ``sqlmq dlq watch`` process sees a dead letter archived after it started, and
     prints each once, though on PostgreSQL both its NOTIFY and a look at the archive (every
     0.1 s here) find it."""
-    await _dead(broker, "old", 1)  # archived before the watch: within its minute of margin
+    (old,) = await _dead(broker, "old", 1)  # archived before the watch, within its margin
     proc = await _watch(db_url, prefix, "--interval", "0.1", "--json")
     try:
         assert proc.stderr is not None and proc.stdout is not None
@@ -192,9 +216,47 @@ async def test_dlq_watch_prints_new_dead_letters(broker: Broker, db_url: str,
             while True:
                 await asyncio.wait_for(read(), 1.0)
         assert len(printed) == len(set(printed)), printed
+        assert old not in seen, printed  # a restarted watch does not alert again
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_dlq_watch_prints_what_commits_after_its_start(broker: Broker, db_url: str,
+                                                             prefix: str) -> None:
+    """The dead letters the archive holds when the watch starts are not printed, however
+    recent; one whose transaction began before the start (so its archive time is earlier)
+    and commits after it is printed, once; ``--since`` prints older ones on purpose."""
+    before = await _dead(broker, "jobs", 3, error="before")
+    (model,) = await rows(broker, "archive", id=before[0])
+    late = {**model, "id": before[-1] + 100, "error": "in flight",
+            "archived_at": await broker.engine.now() - timedelta(seconds=5)}
+    async with broker.db.connect() as conn:
+        await conn.begin()
+        await conn.execute(insert(broker.schema.archive).values(**late))
+        proc = await _watch(db_url, prefix, "--interval", "0.1", "--json")
+        try:
+            assert proc.stderr is not None and proc.stdout is not None
+            assert "watching" in (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
+            await conn.commit()
+            (after,) = await _dead(broker, "jobs", 1, error="after")
+            printed = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))["id"]
+                       for _ in range(2)]
+            assert printed == [late["id"], after]
+            with pytest.raises(TimeoutError):  # ten more looks at the archive: nothing more
+                await asyncio.wait_for(proc.stdout.readline(), 1.0)
+        finally:
+            proc.terminate()
+            await proc.wait()
+    since = await _watch(db_url, prefix, "--interval", "0.1", "--json", "--since", "1h")
+    try:
+        assert since.stdout is not None
+        shown = [json.loads(await asyncio.wait_for(since.stdout.readline(), 60))["id"]
+                 for _ in range(5)]
+        assert sorted(shown) == sorted([*before, late["id"], after])
+    finally:
+        since.terminate()
+        await since.wait()
 
 
 async def _watch(db_url: str, prefix: str, *args: str) -> asyncio.subprocess.Process:
@@ -208,7 +270,9 @@ async def test_dlq_watch_follows_the_notify_on_postgresql(broker: Broker, db_url
                                                           prefix: str) -> None:
     """With a look at the archive once a minute, a fresh dead letter is printed within
     seconds: the watch follows the dead-letter NOTIFY. One deleted instead of archived
-    (a subscriber's ``archive=``) is printed from the notification alone."""
+    (a subscriber's ``archive=``) is printed from the notification alone. Neither the
+    start nor a reconnect prints one archived before the start, or one printed already."""
+    await _dead(broker, "jobs", 2, error="before the start")
     proc = await _watch(db_url, prefix, "--interval", "60")
     try:
         assert proc.stderr is not None and proc.stdout is not None
@@ -249,6 +313,8 @@ async def test_dlq_watch_follows_the_notify_on_postgresql(broker: Broker, db_url
         line = (await asyncio.wait_for(proc.stdout.readline(), 10)).decode()
         assert line.startswith(f"FAILED\t{after}\tjobs\t"), line
         assert loop.time() - started < 50  # all before the next periodic look (60 s)
+        with pytest.raises(TimeoutError):  # the look after the reconnect printed no other
+            await asyncio.wait_for(proc.stdout.readline(), 1.0)
     finally:
         proc.terminate()
         await proc.wait()

@@ -18,7 +18,8 @@ import pytest
 from sqlalchemy import make_url, text
 
 from sqlmq import Broker, ConnectTimeout
-from sqlmq.connect import _abandoned, safe_url
+from sqlmq.connect import safe_url
+from sqlmq.engines.sql.connect import _abandoned
 
 from .conftest import MYSQL_URL, PG_URL, run_cli, wait_until
 
@@ -130,7 +131,7 @@ async def test_a_server_that_never_answers_fails_within_the_connect_timeout(
     if timeout_from == "url":
         url += "?connect_timeout=2"
     else:
-        monkeypatch.setattr("sqlmq.connect.DEFAULT_CONNECT_TIMEOUT", 2)
+        monkeypatch.setattr("sqlmq.engines.sql.connect.DEFAULT_CONNECT_TIMEOUT", 2)
     broker = Broker(url)
     started = time.monotonic()
     try:

@@ -215,6 +215,29 @@ async def test_message_page_shows_payload_headers_error_and_history(
                  "been purged)", "status": 404}
 
 
+async def test_message_page_shows_the_result_its_subscriber_kept(
+        broker: Broker, client: httpx.AsyncClient) -> None:
+    @broker.subscriber("thumbs", results=True, flush_interval=0.01)
+    async def thumb(body: str) -> Any:
+        return {"url": "<b>cat</b>.png"} if body == "json" else b"\x00\xffpng"
+
+    await broker.start()
+    made = await broker.publish("thumbs", "json")
+    raw = await broker.publish("thumbs", "bytes")
+    plain = await broker.publish("notes", "no result")
+    assert await broker.result(made, timeout=20) == {"url": "<b>cat</b>.png"}
+    await broker.result(raw, timeout=20)
+    page = (await client.get(f"/messages/{made}")).text
+    assert "<h2>Result" in page and "json, 24 bytes" in page
+    assert '&#34;url&#34;: &#34;&lt;b&gt;cat&lt;/b&gt;.png&#34;' in page  # escaped, pretty
+    binary = (await client.get(f"/messages/{raw}")).text
+    assert "<h2>Result" in binary and "00000000  00 ff 70 6e 67" in binary
+    assert "<h2>Result" not in (await client.get(f"/messages/{plain}")).text
+    api = (await client.get(f"/api/messages/{made}")).json()
+    assert api["result"] == {"url": "<b>cat</b>.png"}
+    assert (await client.get(f"/api/messages/{raw}")).json()["result_base64"] == "AP9wbmc="
+
+
 def test_payloads_show_as_json_text_or_hex_and_large_ones_are_cut() -> None:
     from sqlmq.dashboard.views import PAYLOAD_SHOWN, payload
 

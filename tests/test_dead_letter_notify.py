@@ -18,7 +18,7 @@ import pytest
 
 from sqlmq import Broker, Message, Outcome, Retry, Settlement
 from sqlmq.dead_letters import DeadLetterNotice
-from sqlmq.engines.pg_notify import DEAD_LETTER_PAYLOAD_MOST, NOTIFY_PAYLOAD_LIMIT
+from sqlmq.engines.postgresql.notify import DEAD_LETTER_PAYLOAD_MOST, NOTIFY_PAYLOAD_LIMIT
 from sqlmq.schema import MAX_QUEUE_NAME
 
 from .conftest import EVERY_ENGINE, PG_URL, rows, wait_until

@@ -1,4 +1,4 @@
-"""Every ```python block of README.md and docs/*.md runs, so the docs cannot drift.
+"""Every ```python block of README.md and docs/**/*.md runs, so the docs cannot drift.
 
 A block runs as it is printed, with top-level ``await`` allowed, after the set-up a reader
 has at that point (``broker`` a migrated Broker; for the outbox an ``Order`` model and the
@@ -16,24 +16,29 @@ import json
 import os
 import re
 import signal
+import sys
+import types
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Float, Integer, create_engine
+from sqlalchemy import Column, Float, Integer, create_engine, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import declarative_base
 
 from sqlmq import Broker
 from sqlmq.connect import parse_url, sync_url
 
-from .conftest import drop_tables, rows
+from .conftest import DATABASES, drop_tables, rows
 from .test_periodic import published_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: The drivers a reader's snippet may import, by the database they speak to.
+DRIVERS = {"postgresql": ["asyncpg", "psycopg"], "mariadb": ["pymysql", "asyncmy"],
+           "sqlite": ["sqlite3", "aiosqlite"]}
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,19 @@ class Snippet:
     @property
     def uses_spark(self) -> bool:
         return bool(re.search(r'\bspark\b|pyspark|\bF\.|format\("sqlmq"\)', self.code))
+
+    @property
+    def uses_django(self) -> bool:
+        return bool(re.search(r"\bdjango\b", self.code))
+
+    @property
+    def databases(self) -> list[str]:
+        """Where it runs: on the database its driver speaks to, if it imports one (the
+        outbox on a driver's own connection), else on each."""
+        for database, drivers in DRIVERS.items():
+            if re.search(rf"^import ({'|'.join(drivers)})$", self.code, re.MULTILINE):
+                return [database]
+        return DATABASES
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}"
@@ -65,12 +83,13 @@ def snippets() -> list[Snippet]:
     return found
 
 
-PLAIN = [s for s in snippets() if not s.uses_spark]
+PLAIN = [s for s in snippets() if not s.uses_spark and not s.uses_django]
+DJANGO = [s for s in snippets() if s.uses_django]
 SPARK = [s for s in snippets() if s.uses_spark]
 
 
 def test_every_python_block_is_found_and_compiles() -> None:
-    assert len(PLAIN) >= 4 and len(SPARK) >= 6
+    assert len(PLAIN) >= 4 and len(SPARK) >= 6 and len(DJANGO) >= 5
     for snippet in snippets():
         compile(snippet.code, str(snippet), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
@@ -81,6 +100,14 @@ def localise(code: str, url: str, prefix: str, tmp: Path) -> str:
     code = re.sub(r'Broker\("(?!memory://)[^"]*"\)', f"Broker({url!r}, table_prefix={prefix!r})",
                   code)
     code = re.sub(r'"url": "[^"]*"', f'"url": {url!r}, "prefix": {prefix!r}', code)
+    # a driver's own connection (the outbox): to the test's database, the test's orders
+    parsed = make_url(url)
+    mysql = (f"host={parsed.host!r}, port={parsed.port or 3306}, user={parsed.username!r}, "
+             f"password={parsed.password or ''!r}, database={parsed.database!r}")
+    code = (code.replace('"postgresql://app@db/app"', repr(url))
+            .replace('"app.db"', repr(parsed.database))
+            .replace('host="db", user="app", password="secret", database="app"', mysql)
+            .replace("INTO orders ", f"INTO {prefix}order "))
     return code.replace("s3://lake", str(tmp / "lake"))
 
 
@@ -116,7 +143,8 @@ async def _interrupt_when_running(namespace: dict[str, Any]) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-@pytest.mark.parametrize("snippet", PLAIN, ids=str)
+@pytest.mark.parametrize(("snippet", "db_kind"),
+                         [pytest.param(s, d, id=f"{d}-{s}") for s in PLAIN for d in s.databases])
 async def test_snippet_runs(snippet: Snippet, db_url: str, prefix: str, tmp_path: Path) -> None:
     code = localise(snippet.code, db_url, prefix, tmp_path)
     broker = Broker(db_url, table_prefix=prefix)
@@ -147,38 +175,44 @@ async def test_snippet_runs(snippet: Snippet, db_url: str, prefix: str, tmp_path
 async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
     """What each block promises, beyond running."""
     broker: Broker = namespace["broker"]
-    if "connection=session" in snippet.code:  # the outbox: real ids, not None
+    if not isinstance(broker, Broker):  # a FastStream broker's block asserts its own promises
+        return
+    outbox = ("connection=session" if "connection=session" in snippet.code else
+              "connection=conn" if snippet.databases != DATABASES else None)
+    if outbox is not None:  # the outbox (SQLAlchemy's or a driver's): real ids, not None
         bodies = [json.loads(r["payload"]) for r in await rows(broker, "message")]
-        assert len(bodies) == 2 and all(isinstance(b["id"], int) for b in bodies), bodies
-    elif 'publish_batch("orders", [{"id": i}' in snippet.code:  # README's Publishing
+        published = snippet.code.count(outbox)  # one message per publish
+        assert len(bodies) == published and all(isinstance(b["id"], int) for b in bodies), \
+            bodies
+    elif 'publish_batch("orders", [{"id": i}' in snippet.code:  # docs/publishing.md
         assert len(await rows(broker, "message")) == 1005
-    elif 'publish_topic("orders.created"' in snippet.code:  # README's topics: a copy each
+    elif 'publish_topic("orders.created"' in snippet.code:  # topics: a copy each
         assert sorted(g.queue for g in await broker.groups()) == ["audit@orders.#",
                                                                   "billing@orders.*"]
         copies = await rows(broker, "message") + await rows(broker, "archive")
         assert sorted(r["queue"] for r in copies) == ["audit@orders.#", "billing@orders.*"]
-    elif "invoices.append(invoice)" in snippet.code:  # README's pipeline: one invoice
+    elif "invoices.append(invoice)" in snippet.code:  # docs/consuming.md's pipeline: one invoice
         assert namespace["invoices"] == [{"order": 1, "due": 12.0}]
         states = sorted(r["state"] for r in await rows(broker, "archive", queue="orders"))
         assert states == ["COMPLETED", "COMPLETED"]
-    elif "beats.append" in snippet.code:  # README's schedules: a message per tick
+    elif "beats.append" in snippet.code:  # docs/scheduling.md: a message per tick
         ticks = await published_ticks(broker, "heartbeat")
         step = timedelta(seconds=0.2)  # (a late round may skip a tick: catch_up="latest")
         assert len(ticks) == len(set(ticks)) >= 3 and all(
             (t - ticks[0]) % step == timedelta(0) for t in ticks), ticks
-    elif "handled.append" in snippet.code:  # README's channels
+    elif "handled.append" in snippet.code:  # docs/channels.md
         assert sorted(namespace["handled"]) == sorted(
             [("tenant-1", f"u{i}") for i in range(20)] + [("tenant-2", "vip")])
         assert {c.name: (c.effective.max_concurrency, c.waiting) for c in
                 await broker.channels()} == {"tenant-1": (2, 0), "tenant-2": (4, 0),
                                              "mailer-api": (None, 0)}
-    elif "pages.append(done)" in snippet.code:  # README's defer and cancel
+    elif "pages.append(done)" in snippet.code:  # docs/consuming.md's defer and cancel
         assert namespace["pages"] == [0, 1, 2, 3]
         states = sorted(r["state"] for r in await rows(broker, "archive", queue="exports"))
         assert states == ["CANCELLED", "COMPLETED"]
         (row,) = await rows(broker, "archive", queue="exports", state="COMPLETED")
         assert (row["attempts_count"], row["deliveries_count"]) == (1, 4)
-    elif "billed.append" in snippet.code:  # README's operations: paused, then resumed
+    elif "billed.append" in snippet.code:  # the 3 a.m. guide: paused, resumed
         assert sorted(namespace["billed"]) == [0, 1, 2]
         assert await broker.paused() == [] and await broker.workers() == []
     elif "ack_policy=" in snippet.code:
@@ -189,4 +223,59 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
         assert json.loads(row["payload"]) == {"id": 7} and row["headers"]["tenant"] == "a"
         assert [s.adapter.name for s in broker.subscribers] == ["charge"]
 
+@pytest.mark.parametrize("snippet", [pytest.param(s, id=f"sqlite-{s}") for s in DJANGO])
+def test_django_snippet_runs(snippet: Snippet, prefix: str) -> None:
+    """A Django block runs in the test project (tests/djangosite), on its default database
+    (SQLite; the project's own tests run on each database), as a module of its own so that
+    its tasks can be imported by path. A block with ``await`` runs on an event loop of its
+    own, from sync code, as ``asyncio.run`` in a management command would."""
+    from django.test import override_settings
+
+    from sqlmq.django import subscribers
+    from sqlmq.django.config import config
+    from sqlmq.django.portal import portal
+    from sqlmq.django.tasks import TaskBackend
+
+    from .djangosite.harness import site
+
+    code = snippet.code.replace("from shop.", "from tests.djangosite.shop.")
+    module = types.ModuleType("docs_django_snippet")
+    sys.modules[module.__name__] = module
+    declared = list(subscribers._declared)
+    try:
+        with site("sqlite", prefix):
+            import sqlmq.django
+
+            compiled = compile(code, str(snippet), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            result = eval(compiled, module.__dict__)
+            if inspect.iscoroutine(result):
+                asyncio.run(result)
+            b = sqlmq.django.broker()
+            published = sum(snippet.code.count(call) for call in
+                            ("sqlmq.django.publish(", "apublish(", ".enqueue("))
+            assert len(portal.call(lambda: rows(b, "message"))) == published
+            namespace = module.__dict__
+            if "SQLMQ" in namespace:  # settings.py: what sqlmq.django accepts
+                with override_settings(SQLMQ=namespace["SQLMQ"]):
+                    assert config().database == "default"
+                backend = namespace["TASKS"]["default"]
+                assert isinstance(TaskBackend("default", backend), TaskBackend)
+            if "@sqlmq.django.subscriber" in snippet.code:
+                assert subscribers._declared[len(declared):][0].handler.__name__ == "ship"
+    finally:
+        subscribers._declared[:] = declared
+        del sys.modules[module.__name__]
+
 # The Spark blocks run in tests/spark/test_docs_spark.py (the Spark pass).
+
+
+def test_the_api_reference_names_every_public_name() -> None:
+    """docs/reference/ renders each name of ``sqlmq.__all__`` (and only those): a name
+    added to the package's exports gets its ``::: sqlmq.NAME`` in docs/reference/api.md."""
+    import sqlmq
+
+    pages = (ROOT / "docs" / "reference").glob("*.md")
+    named = {m for page in pages for m in re.findall(r"^::: sqlmq\.(\w+)$", page.read_text(),
+                                                     re.MULTILINE)}
+    assert set(sqlmq.__all__) - named == set(), "add them to docs/reference/api.md"
+    assert named - set(sqlmq.__all__) == set(), "not exported by sqlmq: drop them"

@@ -70,7 +70,8 @@ async def test_a_redelivery_carries_its_history_and_a_plain_ack_keeps_it(
     engine = broker.engine
     msg_id = await broker.publish("q", "x", headers={"h": "1"})
     (first,) = await engine.acquire(["q"], 10, 30)
-    entry = {"delivery": 1, "ended": "error", "error": 'say "no" \\ twice'}
+    entry = {"delivery": 1, "ended": "error", "at": "2026-01-01T00:00:00+00:00",
+             "error": 'say "no" \\ twice'}
     assert await engine.settle(
         [Settlement(msg_id, 1, Outcome.RETRY, error="e", delay=0.0, history=[entry])]
     ) == {msg_id}
@@ -160,7 +161,7 @@ async def test_mariadb_one_statement_at_a_time_and_a_capped_batch(broker: Broker
 
 @pytest.mark.parametrize("db_kind", ["mariadb"])
 async def test_mariadb_batch_cap_follows_group_concat_max_len(broker: Broker) -> None:
-    from sqlmq.engines.mysql import _ID_BYTES, _ID_LIST
+    from sqlmq.engines.mysql.engine import _ID_BYTES, _ID_LIST
 
     async with broker.db.connect() as conn:
         limit = await broker.engine._id_list_limit(conn)  # type: ignore[attr-defined]

@@ -5,6 +5,8 @@ bad values are refused before anything is written."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -92,3 +94,28 @@ async def test_bad_expiries_are_refused_before_anything_is_written(
     with pytest.raises(PublishError, match=problem):
         broker.publish_batch_sync("jobs", ["x", "y"], expires=expires)
     assert await rows(broker) == []
+
+
+async def test_the_worker_stop_line_counts_expired_messages_as_expired(
+        broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    """An expired message is archived, not given back: the line ``sqlmq worker`` logs at
+    its stop says so."""
+    handled: list[str] = []
+
+    @broker.subscriber("jobs", flush_interval=0.01)
+    async def handle(msg: Message) -> None:
+        handled.append(msg.body)
+
+    past = datetime.now(UTC) - timedelta(hours=1)
+    await broker.publish("jobs", "stale", expires=past)
+    await broker.publish("jobs", "fresh", expires=timedelta(minutes=5))
+    stop = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="sqlmq")
+    running = asyncio.create_task(broker.run(stop))
+    await wait_until(lambda: drained(broker, "jobs"), message="queue drained")
+    stop.set()  # the stop waits for a flush in progress: both results are counted
+    await running
+    (line,) = [r.getMessage() for r in caplog.records
+               if r.getMessage().startswith("sqlmq worker stopped after")]
+    assert handled == ["fresh"]
+    assert "1 completed, 0 failed, 0 retried, 1 expired, 0 given back" in line, line

@@ -19,9 +19,10 @@ import pytest
 from sqlalchemy import text
 
 from sqlmq import Broker, Outcome, Settlement
-from sqlmq.engines.kept_connections import driver_connection
-from sqlmq.engines.postgres import PostgresEngine
-from sqlmq.engines.sql import postgresql, render
+from sqlmq.engines.postgresql import statements as postgresql
+from sqlmq.engines.postgresql.engine import PostgresEngine
+from sqlmq.engines.sql.kept_connections import driver_connection
+from sqlmq.engines.sql.statements import render
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -141,7 +142,7 @@ async def test_acquire_and_settle_plans_do_not_depend_on_the_statistics_of_a_new
             "acquire above a floor": f"EXECUTE {names[engine._acquire_one]}"
                                      "('q1', 100, 30.0, '{0}', '{1795000000}')",
             "settle": f"EXECUTE {names[engine._settle]}('{{1}}', '{{1}}', '{{COMPLETED}}', "
-                      "'{NULL}', '{0}', '{0}', '{1}', '{NULL}', '{1}')",
+                      "'{NULL}', '{0}', '{0}', '{1}', '{NULL}', '{1}', NULL, NULL)",
         }
         found: dict[str, Any] = {}
         for mode in ("auto", "force_generic_plan", "force_custom_plan"):
@@ -259,7 +260,7 @@ async def test_mariadb_acquire_reads_no_delayed_or_inflight_backlog(broker: Brok
     each level: 250 ms per empty poll at 100,000), counted by the session's handler reads.
     A message then ready at the lower priority, behind the delayed higher ones, is taken by
     as few reads, and by the engine's acquire."""
-    from sqlmq.engines.mysql import TOP_LEVEL, MysqlEngine
+    from sqlmq.engines.mysql.engine import TOP_LEVEL, MysqlEngine
 
     engine = broker.engine
     assert isinstance(engine, MysqlEngine)
@@ -352,7 +353,7 @@ async def test_mariadb_acquire_of_a_paused_queue_reads_none_of_its_backlog(
     """MariaDB: 20,000 ready messages in a paused queue; the level probe (by the rendered
     statements, counted in handler reads) reads a handful of entries, not the backlog, and
     nothing is locked; a queue beside it at the same level is taken from as usual."""
-    from sqlmq.engines.mysql import TOP_LEVEL, MysqlEngine
+    from sqlmq.engines.mysql.engine import TOP_LEVEL, MysqlEngine
 
     engine = broker.engine
     assert isinstance(engine, MysqlEngine)
@@ -492,8 +493,8 @@ async def test_sqlites_fair_pick_reads_the_fair_index_in_order(
     run. A list of queues (``FAIR_PICK_QUEUES``) reads the same index."""
     from sqlalchemy.engine import make_url
 
-    from sqlmq.engines.sql import channel_fields
-    from sqlmq.engines.sql import sqlite as sqlite_sql
+    from sqlmq.engines.sql.statements import channel_fields
+    from sqlmq.engines.sqlite import statements as sqlite_sql
 
     if ordered:
         await broker.set_channel_default("q", ordered=True)
@@ -612,7 +613,7 @@ async def test_mariadb_passing_settle_probes_one_entry_per_channel_for_its_next_
     rows a settle, 3 ms of the 11-13 ms it took in ``bench.slot_cycle``; 2,031 handler
     reads here). It reads a handful now, finds no head there, and still finds an ordered
     channel's next one."""
-    from sqlmq.engines.mysql import MysqlEngine
+    from sqlmq.engines.mysql.engine import MysqlEngine
 
     engine = broker.engine
     assert isinstance(engine, MysqlEngine)

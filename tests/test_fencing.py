@@ -31,7 +31,7 @@ async def _decide(msg: Message, decision: str, who: str) -> None:
 
 @pytest.mark.parametrize("late", ["ack", "nack", "reject"])
 async def test_handler_that_outlived_its_lease_cannot_settle_the_redelivered_message(
-    broker: Broker, db_url: str, prefix: str, late: str
+    broker: Broker, db_url: str, prefix: str, late: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     a_started, a_release, b_started, b_release = (asyncio.Event() for _ in range(4))
     never = asyncio.Event()
@@ -81,6 +81,10 @@ async def test_handler_that_outlived_its_lease_cannot_settle_the_redelivered_mes
         await wait_until(lambda: runtime_a.counters.stale >= 1,
                          message="A's late result flushed")
         assert runtime_a.counters.stale == 1
+        (warning,) = [r.getMessage() for r in caplog.records
+                      if "stale result" in r.getMessage()]
+        assert warning == (f"dropped a stale result for message {msg_id} (delivery 1): its "
+                           "lease expired and it was delivered again (delivery 2)")
         assert a_extended == [False]
         (still_b,) = await rows(broker, id=msg_id)
         assert dict(still_b) == dict(held_by_b), "A's late result changed B's delivery"

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import sqlmq
 from sqlmq import Broker, Message, Retry
 from sqlmq.lifecycle import ABANDON_DELAY, TRACEBACK_LIMIT
+from sqlmq.middleware import CallNext, Middleware
 
 from .conftest import (
     archived,
@@ -145,10 +150,10 @@ async def test_a_fault_of_the_runtime_is_logged_and_the_worker_carries_on(
     """A bug in sqlmq itself while a message is handled (injected: the first completion
     raises) is logged with its traceback; the message is given back and runs again."""
     from sqlmq.lifecycle import Outcome
-    from sqlmq.runtime import workers as workers_module
+    from sqlmq.runtime import carried as carried_module  # a handled run's decide()
 
     faults: list[int] = []
-    decide = workers_module.decide
+    decide = carried_module.decide
 
     def faulty(d: Any, *args: Any, **kwargs: Any) -> Any:
         settlement = decide(d, *args, **kwargs)
@@ -157,7 +162,7 @@ async def test_a_fault_of_the_runtime_is_logged_and_the_worker_carries_on(
             raise RuntimeError("injected fault")
         return settlement
 
-    monkeypatch.setattr(workers_module, "decide", faulty)
+    monkeypatch.setattr(carried_module, "decide", faulty)
 
     @broker.subscriber("q", **FAST)
     async def handle(msg: Message) -> None:
@@ -262,3 +267,94 @@ async def test_max_deliveries_stops_a_poison_message_by_default(
     assert (row["state"], row["error"]) == ("FAILED", "max deliveries exceeded (11 > 10)")
     assert (await archived(broker, fine))["state"] == "COMPLETED"
     assert _records(caplog, f"message {poison} ", "dead-lettered", "max deliveries")
+
+
+# ---- whose frames a traceback shows -------------------------------------------------------
+
+RUNTIME = str(Path(sqlmq.__file__).parent) + os.sep  # sqlmq's own files
+
+
+def _frames(trace: str) -> list[str]:
+    """The files of a formatted traceback's frames, outermost first (of its last exception:
+    the one raised, after those it chains)."""
+    last = trace.rsplit("Traceback (most recent call last):\n", 1)[-1]
+    return re.findall(r'^  File "([^"]+)", line \d+, in ', last, re.MULTILINE)
+
+
+def _archived_trace(row: Any) -> str:
+    return row["error"].partition("\n\n")[2]
+
+
+def _logged_trace(caplog: pytest.LogCaptureFixture, msg_id: int) -> str:
+    (record,) = _records(caplog, f"message {msg_id} ", "dead-lettered")
+    assert record.exc_info is not None
+    return logging.Formatter().formatException(record.exc_info)
+
+
+class Tenant(Middleware):
+    async def handle(self, msg: Message, call_next: CallNext) -> Any:
+        return await call_next(msg)
+
+
+@pytest.mark.parametrize("around", ["nothing", "a middleware"])
+async def test_a_handlers_traceback_starts_at_the_users_code(
+    broker: Broker, caplog: pytest.LogCaptureFixture, around: str,
+) -> None:
+    """Neither the log nor the archive shows the runtime's frames before the user's code:
+    the handler's, or their middleware's when one wraps it (and calls the handler through
+    sqlmq, whose frames in between stay). A synchronous handler's hand-off to a thread is
+    the runtime's too."""
+    caplog.set_level(logging.WARNING, logger="sqlmq")
+    if around == "a middleware":
+        broker.add_middleware(Tenant())
+
+    @broker.subscriber("q", retry=Retry.constant(0.01, max_attempts=1), **FAST)
+    async def handle(msg: Message) -> None:
+        raise ValueError("boom")
+
+    @broker.subscriber("sync", retry=Retry.constant(0.01, max_attempts=1), **FAST)
+    def handle_sync(msg: Message) -> None:
+        raise ValueError("boom")
+
+    ids = [await broker.publish("q", "x"), await broker.publish("sync", "x")]
+    await broker.start()
+    try:
+        rows_ = [await archived(broker, msg_id) for msg_id in ids]
+    finally:
+        await broker.stop()
+
+    for msg_id, row in zip(ids, rows_, strict=True):
+        for trace in (_archived_trace(row), _logged_trace(caplog, msg_id)):
+            frames = _frames(trace)
+            assert frames[0] == __file__, trace
+            assert frames[-1] == __file__ and trace.endswith("ValueError: boom"), trace
+            if around == "nothing":
+                assert not any(f.startswith(RUNTIME) for f in frames), trace
+            else:  # no frame of the worker loop or the lease deadline
+                assert not any(f.startswith(RUNTIME + "runtime" + os.sep) for f in frames), trace
+
+
+async def test_an_error_of_sqlmq_keeps_sqlmqs_frames(
+    broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An error raised in sqlmq's code, not in the user's (here: the value a pipeline step
+    returned cannot be encoded), keeps every frame: they are where it happened."""
+    caplog.set_level(logging.WARNING, logger="sqlmq")
+
+    @broker.subscriber("q", publish_to="next", retry=Retry.constant(0.01, max_attempts=1),
+                       **FAST)
+    async def handle(msg: Message) -> object:
+        return object()
+
+    msg_id = await broker.publish("q", "x")
+    await broker.start()
+    try:
+        row = await archived(broker, msg_id)
+    finally:
+        await broker.stop()
+
+    assert row["error"].startswith("retries exhausted after 1 attempt(s): PipelineError")
+    for trace in (_archived_trace(row), _logged_trace(caplog, msg_id)):
+        frames = _frames(trace)
+        assert frames[0] == RUNTIME + os.path.join("runtime", "carried.py"), trace
+        assert frames[-1] == RUNTIME + "pipeline.py", trace

@@ -3,16 +3,18 @@ messages by id (live, archived, binary, malformed) and the archive searched by k
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.request
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from sqlmq import ArchiveQuery, Broker, Outcome, Settlement
+from sqlmq import ArchiveQuery, Broker, Outcome, Settlement, serve_metrics
 
-from .conftest import on_every_engine, update_row
+from .conftest import on_every_engine, run_cli, update_row
 
 
 async def _settle(broker: Broker, queue: str, outcomes: list[Outcome],
@@ -60,6 +62,54 @@ async def test_queue_overview_counts_rates_and_latency(broker: Broker) -> None:
     detail = await broker.insights().queue("refunds")
     assert detail is not None and detail.deliveries == {0: 1}
     assert await broker.insights().queue("nothing-here") is None
+
+
+@on_every_engine
+async def test_channel_messages_count_in_the_oldest_ready_age(broker: Broker, db_kind: str,
+                                                              db_url: str, prefix: str) -> None:
+    """A channel's waiting message is ready as a plain one is (it waits with its due time
+    in ``channel_due_at``, not ``next_attempt_at``): the overview (``sqlmq queues``, the
+    dashboard) and the Prometheus gauge count it, one held back only by its channel's
+    max_concurrency too; one delayed into the future is not ready yet."""
+    await broker.set_channel("one", max_concurrency=1)
+    running, held = await broker.publish_batch("limited", [1, 2], channel="one")
+    assert [d.id for d in await broker.engine.acquire(["limited"], 2, 30)] == [running]
+    plain = await broker.publish("mixed", {"n": 1})
+    fair = await broker.publish("mixed", {"n": 2}, channel="tenant-a")
+    await broker.publish("later", {"n": 3}, channel="tenant-a", delay=3600)
+    now = await broker.engine.now()
+    await update_row(broker, held, channel_due_at=now - timedelta(minutes=2))
+    await update_row(broker, fair, channel_due_at=now - timedelta(minutes=1))
+    await update_row(broker, plain, next_attempt_at=now - timedelta(seconds=30))
+
+    ages = {q.queue: q.oldest_ready_age for q in await broker.insights().queues()}
+    assert ages["later"] is None
+    assert ages["limited"] is not None and 120 <= ages["limited"] < 180, ages
+    assert ages["mixed"] is not None and 60 <= ages["mixed"] < 120, ages  # not the plain one
+    stats = {s.queue: s for s in await broker.stats()}
+    assert stats["limited"].oldest_ready_at == now - timedelta(minutes=2)
+    if db_kind != "memory":
+        shown = json.loads((await asyncio.to_thread(
+            run_cli, "queues", "--json", "--url", db_url, "--prefix", prefix)).stdout)
+        assert {q["queue"]: q["oldest_ready_age"] is not None for q in shown} == {
+            "limited": True, "mixed": True, "later": False}
+
+    metrics = serve_metrics(broker, 0, queue_depth=True, queue_depth_interval=0)
+    await broker.start()
+    try:
+        assert metrics.port is not None
+        text = await asyncio.to_thread(_scrape, metrics.port)
+        seconds = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("sqlmq_queue_oldest_ready_seconds{")}
+        assert seconds["limited"] >= 120 and seconds["mixed"] >= 60, seconds
+        assert seconds["later"] == 0
+    finally:
+        await broker.stop()
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        return reply.read().decode()  # type: ignore[no-any-return]
 
 
 @on_every_engine

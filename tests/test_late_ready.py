@@ -4,7 +4,7 @@ held locked while acquires passed it, a ready time already in the past, a priori
 acquire has seen yet.
 
 On PostgreSQL these are the cases the acquire floors must not lose (see
-:mod:`sqlmq.engines.pg_floors`): each test first lets acquires raise the floors past the
+:mod:`sqlmq.engines.postgresql.floors`): each test first lets acquires raise the floors past the
 late message, with the floors' margin and sweep interval shortened so the test runs in a
 second; without the sweep, or with a gap probe that missed new levels, the message would
 never be taken. The other engines have no floors and must pass the same tests.
@@ -23,8 +23,8 @@ import pytest
 from sqlalchemy import text
 
 from sqlmq import Broker, Message
-from sqlmq.engines.pg_floors import SWEEP_SPACING
-from sqlmq.engines.postgres import PostgresEngine
+from sqlmq.engines.postgresql.engine import PostgresEngine
+from sqlmq.engines.postgresql.floors import SWEEP_SPACING
 
 from .conftest import on_every_engine, wait_until
 

@@ -44,3 +44,13 @@ def test_the_spark_source_loads_no_broker_and_no_orm() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout
     assert out.strip() == "[]"
+
+
+def test_the_inbox_loads_no_far_brokers_client_until_it_is_made() -> None:
+    """``import sqlmq`` and its ``Inbox`` load none of aio-pika, nats-py or redis: the
+    inbox's client is imported when an inbox from that kind of broker is made."""
+    code = ("import sys, sqlmq; sqlmq.Broker; sqlmq.Inbox; "
+            "print(sorted(m for m in ('aio_pika', 'nats', 'redis') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert out.strip() == "[]"

@@ -1,7 +1,7 @@
 """MariaDB: acquire, settle and publish running side by side on a small table must not
 deadlock. With few rows the optimizer would rather scan the message table than look the
 batch's ids up, and a scan locks rows outside the batch; the statements force the batch to
-drive the join by primary key (``sqlmq/engines/mysql.py``)."""
+drive the join by primary key (``sqlmq/engines/mysql/engine.py``)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from sqlmq import Broker, Retry
-from sqlmq.engines.memory import MemoryEngine
+from sqlmq.engines.memory.engine import MemoryEngine
 
 from .conftest import wait_until
 

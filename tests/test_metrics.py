@@ -16,6 +16,7 @@ from sqlmq import Broker, ConfigurationError, Message, PrometheusMetrics, Retry,
 from .conftest import on_every_engine, sibling, wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+FAST_BATCH = {"flush_interval": 0.01, "max_fetch_interval": 0.05}
 
 
 async def scrape(port: int) -> Samples:
@@ -107,6 +108,53 @@ async def test_a_known_workload_is_counted_exactly(broker: Broker) -> None:
                          ("completed", 25), ("failed", 3), ("expired", 0), ("cancelled", 0)):
         assert value(samples, "sqlmq_queue_messages", queue="q", state=state) == count
     assert value(samples, "sqlmq_queue_oldest_ready_seconds", queue="q") == 0
+
+
+@on_every_engine
+async def test_a_batch_call_is_timed_once_and_its_failures_counted_per_message(
+        broker: Broker) -> None:
+    metrics = serve_metrics(broker, 0, queue_depth=False)
+    calls: dict[str, list[int]] = {"good": [], "bad": []}
+
+    @broker.subscriber("good", batch=4, batch_wait=0.2, lease=600, renew_leases=False,
+                       **FAST_BATCH)
+    async def good(msgs: list[Message]) -> None:
+        calls["good"].append(len(msgs))
+
+    @broker.subscriber("bad", batch=4, batch_wait=0.2, lease=600, renew_leases=False,
+                       retry=Retry.constant(0, max_attempts=2), **FAST_BATCH)
+    async def bad(msgs: list[Message]) -> None:
+        calls["bad"].append(len(msgs))
+        raise ValueError("always")
+
+    await broker.publish_batch("good", list(range(10)))
+    await broker.publish_batch("bad", list(range(3)))
+    await broker.start()
+    try:
+        def done() -> bool:
+            r = metrics.registry
+            return (r.get_sample_value("sqlmq_messages_processed_total", {"queue": "good"}) == 10
+                    and r.get_sample_value("sqlmq_messages_dead_lettered_total",
+                                           {"queue": "bad"}) == 3)
+
+        await wait_until(done, message="10 completed and 3 dead-lettered")
+        samples = await scrape(metrics.port)
+    finally:
+        await broker.stop()
+
+    # a call is one handler run, timed once; the messages per call are counted apart
+    assert value(samples, "sqlmq_handler_duration_seconds_count", queue="good",
+                 result="success") == len(calls["good"])
+    assert value(samples, "sqlmq_batch_size_count", queue="good") == len(calls["good"])
+    assert value(samples, "sqlmq_batch_size_sum", queue="good") == 10
+    assert value(samples, "sqlmq_messages_failed_total", queue="good") is None
+    # a failure is each message's: 3 messages, 2 attempts each
+    assert sum(calls["bad"]) == 6
+    assert value(samples, "sqlmq_messages_failed_total", queue="bad") == 6
+    assert value(samples, "sqlmq_handler_duration_seconds_count", queue="bad",
+                 result="error") == len(calls["bad"])
+    assert value(samples, "sqlmq_batch_size_sum", queue="bad") == 6
+    assert value(samples, "sqlmq_messages_retried_total", queue="bad") == 3
 
 
 @on_every_engine

@@ -16,6 +16,7 @@ import pytest
 from sqlmq import (
     Broker,
     CallNext,
+    CallNextBatch,
     ConfigurationError,
     Message,
     Middleware,
@@ -401,3 +402,118 @@ async def test_a_publish_hook_failing_on_a_pipeline_output_retries_the_step(
     (row,) = await rows(broker, "archive", id=order)
     assert (row["state"], row["deliveries_count"]) == ("COMPLETED", 2)
     assert len(await rows(broker, "archive", queue="invoices")) == 1
+
+
+class BatchRecorder(Middleware):
+    """Records each batch call it wraps: the messages' bodies and what came back."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+        self.calls: list[tuple[list[Any], Any]] = []
+
+    async def handle_batch(self, msgs: list[Message], call_next: CallNextBatch) -> Any:
+        self.log.append(f"{self.name} enter {len(msgs)}")
+        try:
+            result = await call_next(msgs)
+        except Exception as exc:
+            self.calls.append(([m.body for m in msgs], f"raised {exc}"))
+            self.log.append(f"{self.name} raised")
+            raise
+        self.calls.append(([m.body for m in msgs], result))
+        self.log.append(f"{self.name} exit")
+        return result
+
+
+class OneAtATime(Middleware):
+    """Wraps single deliveries only."""
+
+    def __init__(self) -> None:
+        self.handled = 0
+
+    async def handle(self, msg: Message, call_next: CallNext) -> Any:
+        self.handled += 1
+        return await call_next(msg)
+
+
+@on_every_engine
+async def test_handle_batch_wraps_each_batch_call_in_order_and_handle_does_not(
+    broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sqlmq")
+    order: list[str] = []
+    outer, inner, single = BatchRecorder("outer", order), BatchRecorder("inner", order), \
+        OneAtATime()
+    for m in (outer, single, inner):
+        broker.add_middleware(m)
+
+    @broker.subscriber("rows", batch=3, batch_wait=5.0, workers=1, results=True,
+                       retry=Retry.none(), **FAST)
+    async def doubled(numbers: list[int]) -> list[int]:
+        order.append(f"handler {len(numbers)}")
+        if 0 in numbers:
+            raise ValueError("no zeros")
+        return [n * 2 for n in numbers]
+
+    await broker.publish_batch("rows", [1, 2, 3])
+    await broker.start()
+    try:
+        await wait_until(lambda: len(outer.calls) == 1, message="the first batch")
+        await broker.publish_batch("rows", [0, 4, 5])
+        await wait_until(lambda: len(outer.calls) == 2, message="the second batch")
+    finally:
+        await broker.stop()
+
+    assert outer.calls == inner.calls == [([1, 2, 3], [2, 4, 6]),
+                                          ([0, 4, 5], "raised no zeros")]
+    assert order == ["outer enter 3", "inner enter 3", "handler 3", "inner exit",
+                     "outer exit", "outer enter 3", "inner enter 3", "handler 3",
+                     "inner raised", "outer raised"]
+    assert single.handled == 0
+    warned = [r.getMessage() for r in caplog.records if "is a batch handler" in r.getMessage()]
+    assert len(warned) == 1 and "middleware OneAtATime wraps the handling of one message" \
+        in warned[0]
+
+
+@on_every_engine
+async def test_a_handle_batch_hook_that_raises_fails_each_message_and_is_named(
+    broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sqlmq")
+
+    class Broken(Middleware):
+        async def handle_batch(self, msgs: list[Message], call_next: CallNextBatch) -> Any:
+            if msgs[0].deliveries == 1:
+                raise RuntimeError("middleware bug")
+            return await call_next(msgs)
+
+    broker.add_middleware(Broken())
+    handled: list[list[int]] = []
+
+    @broker.subscriber("rows", batch=2, batch_wait=5.0, retry=Retry.constant(0, max_attempts=3),
+                       **FAST)
+    async def load(msgs: list[Message]) -> None:
+        handled.append([m.deliveries for m in msgs])
+
+    ids = await broker.publish_batch("rows", ["a", "b"])
+    await broker.start()
+    try:
+        await wait_until(lambda: handled == [[2, 2]], message="the second deliveries handled")
+        await wait_until(lambda: _all_archived(broker, ids), message="both archived")
+    finally:
+        await broker.stop()
+
+    archived = await rows(broker, "archive")
+    assert {(r["state"], r["deliveries_count"]) for r in archived} == {("COMPLETED", 2)}
+    named = [r for r in caplog.records if "middleware Broken raised RuntimeError: middleware "
+             "bug in handle_batch() for a batch of 2 messages of rows" in r.getMessage()]
+    assert len(named) == 1 and named[0].levelno == logging.ERROR
+    failed = [r for r in caplog.records if "batch handler" in r.getMessage()
+              and "failed on 2 messages" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None
+    assert "raised by sqlmq middleware Broken.handle_batch()" in "".join(
+        failed[0].exc_info[1].__notes__)
+
+
+async def _all_archived(broker: Broker, ids: list[int]) -> bool:
+    return len(await rows(broker, "archive")) == len(ids)

@@ -13,7 +13,7 @@ from sqlmq.channels import TURN_QUANTUM
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import Delivery, Settlement
 
-from .conftest import drop_tables
+from .conftest import drop_tables, rows
 
 
 async def test_starting_on_a_missing_schema_says_to_run_migrate(db_url: str, prefix: str) -> None:
@@ -169,7 +169,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 20
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 22
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -276,7 +276,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 20
+        assert await broker.migrate() == SCHEMA_VERSION == 22
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -313,7 +313,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 20
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 22
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -359,7 +359,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 20
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 22
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -402,7 +402,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 20
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 22
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -535,7 +535,7 @@ async def _migrated_from(broker: Broker, version: int, *changes: Any) -> None:
                            .where(broker.schema.version.c.version >= version))
     with pytest.raises(SchemaError, match=f"version {version - 1}"):
         await broker.check_schema()
-    assert await broker.migrate() == SCHEMA_VERSION == 20
+    assert await broker.migrate() == SCHEMA_VERSION == 22
 
 
 async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
@@ -687,6 +687,66 @@ async def test_version_19_marks_the_ordered_channels_messages(db_url: str, prefi
                                     for d in got])
         got = await broker.engine.acquire(["q"], 10, 30)
         assert sorted(d.id for d in got) == sorted([own[1], by_default[1], lim[1]])
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_21_adds_the_inbox_ledger_to_a_version_20_schema(
+        db_url: str, prefix: str) -> None:
+    """A version-20 schema with messages has no inbox ledger: the migration makes the table
+    (the messages untouched), whose primary key refuses a key taken twice from one source
+    and takes it from another."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy.exc import IntegrityError
+
+    broker = Broker(db_url, table_prefix=prefix)
+    seen = broker.schema.inbox_seen
+    try:
+        await broker.migrate()
+        ids = await broker.publish_batch("q", [b"a", b"b"])
+        await _migrated_from(broker, 21, f"DROP TABLE {seen.name}")
+        now = datetime.now(UTC)
+        row = {"source": "amqp:/orders", "msg_key": "m-1", "message_id": ids[0],
+               "taken_at": now}
+        async with broker.db.begin() as conn:
+            await conn.execute(seen.insert(), [row, {**row, "source": "amqp:/refunds"}])
+        with pytest.raises(IntegrityError):
+            async with broker.db.begin() as conn:
+                await conn.execute(seen.insert(), [{**row, "message_id": ids[1]}])
+        async with broker.db.connect() as conn:
+            got = (await conn.execute(select(seen.c.source, seen.c.message_id)
+                                      .order_by(seen.c.source))).all()
+        assert [tuple(r) for r in got] == [("amqp:/orders", ids[0]), ("amqp:/refunds", ids[0])]
+        assert [r["id"] for r in await rows(broker, "message")] == ids
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_22_adds_the_archives_result_to_a_version_21_schema(
+        db_url: str, prefix: str) -> None:
+    """A version-21 archive has no ``result`` column: the migration adds it (NULL: nothing
+    kept), the rows archived before untouched, and a result kept afterwards reads back."""
+    from sqlmq.codec import decode_state
+
+    broker = Broker(db_url, table_prefix=prefix)
+    a = broker.schema.archive
+    try:
+        await broker.migrate()
+        (old,) = await broker.publish_batch("q", [b"before"])
+        (d,) = await broker.engine.acquire(["q"], 10, 30)
+        assert await broker.engine.settle([Settlement(d.id, 1, Outcome.COMPLETE)]) == {old}
+        await _migrated_from(broker, 22, f"ALTER TABLE {a.name} DROP COLUMN result")
+        (new,) = await broker.publish_batch("q", [b"after"])
+        (d,) = await broker.engine.acquire(["q"], 10, 30)
+        kept = Settlement(d.id, 1, Outcome.COMPLETE, result=b"text/plain\nthumb",
+                          answers=True)
+        assert await broker.engine.settle([kept]) == {new}
+        found = {r["id"]: r for r in await rows(broker, "archive")}
+        assert found[old]["result"] is None and found[old]["payload"] == b"before"
+        assert decode_state(found[new]["result"]) == "thumb"
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

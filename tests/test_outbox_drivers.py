@@ -24,8 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 from sqlalchemy.orm import Session
 
 from sqlmq import Broker, ConfigurationError, Message
-from sqlmq.engines.paramstyles import for_paramstyle
-from sqlmq.engines.pg_notify import channel_for
+from sqlmq.engines.postgresql.notify import channel_for
+from sqlmq.engines.sql.paramstyles import for_paramstyle
 
 from .conftest import drained, drop_tables, rows, url_for, wait_until
 
@@ -181,7 +181,7 @@ def test_rewrite_for_each_paramstyle(paramstyle: str, text: str, args: Any) -> N
 def test_the_insert_statements_take_every_argument() -> None:
     """INSERT and INSERT_AT, as the outbox runs them on a ``%s`` driver: every argument
     used (a column the statements gain is a new ``$n``, picked up by the rewrite)."""
-    from sqlmq.engines.sql import postgresql
+    from sqlmq.engines.postgresql import statements as postgresql
 
     for text in (postgresql.INSERT, postgresql.INSERT_AT):
         statement = for_paramstyle(text, "pyformat")

@@ -25,7 +25,7 @@ from sqlmq import (
     PayloadTooLarge,
     PublishError,
 )
-from sqlmq.engines.memory import MemoryEngine
+from sqlmq.engines.memory.engine import MemoryEngine
 from sqlmq.schedules import ON_TIME
 
 from .conftest import on_every_engine, rows, sibling, wait_until
@@ -185,6 +185,23 @@ async def test_a_schedule_added_after_start_runs(broker: Broker) -> None:
     broker.periodic("later", every=0.1, body=1)
     await wait_until(lambda: _count(broker, "later", 2), timeout=10, message="two ticks")
     await broker.stop()
+
+
+async def test_the_schedules_are_listed_as_soon_as_start_returns(broker: Broker) -> None:
+    """docs/scheduling.md lists ``broker.schedules()`` right after ``start()``: on a fresh
+    database the rows must be written by then, not by the loop's first round."""
+    broker.periodic("nightly", cron="0 3 * * *", body="report", queue="reports")
+
+    @broker.periodic("cleanup", every=timedelta(hours=1), catch_up="none")
+    def cleanup() -> str:
+        return "sweep"
+
+    await broker.start()
+    try:
+        listed = [(s.name, s.queue) for s in await broker.schedules()]
+    finally:
+        await broker.stop()
+    assert listed == [("cleanup", "cleanup"), ("nightly", "reports")]
 
 
 async def test_bad_schedules_are_refused_at_registration(broker: Broker) -> None:

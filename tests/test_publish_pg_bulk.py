@@ -17,8 +17,8 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sqlmq import Broker, PayloadTooLarge, PublishError
 from sqlmq.codec import CONTENT_TYPE, encode
-from sqlmq.engines.pg_notify import channel_for
-from sqlmq.engines.pg_publish import PG_COPY_MIN
+from sqlmq.engines.postgresql.copy_publish import PG_COPY_MIN
+from sqlmq.engines.postgresql.notify import channel_for
 from sqlmq.publishing import prepare
 
 from .conftest import PG_URL, counting_inserts, drop_tables, rows
@@ -226,7 +226,7 @@ def test_prepare_encodes_like_the_codec(body: Any) -> None:
 async def test_a_failure_while_streaming_inserts_nothing(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sqlmq.engines.postgres as pg
+    import sqlmq.engines.postgresql.engine as pg
 
     real = pg.pg_copy_data
 

@@ -23,7 +23,7 @@ async def _archive(broker: Broker, queue: str, n: int, state: str, archived_at: 
     messages would be the test's whole budget)."""
     ids = list(range(first_id, first_id + n))
     if on_memory(broker):
-        from sqlmq.engines.memory import Archived
+        from sqlmq.engines.memory.engine import Archived
 
         store = broker.engine._store  # type: ignore[attr-defined]
         for i in ids:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from sqlmq.errors import ConfigurationError
-from sqlmq.lifecycle import Outcome, Settlement
-from sqlmq.records import Delivery
+from sqlmq.lifecycle import Archive, Outcome, Settlement
+from sqlmq.records import Delivery, Whereabouts
 from sqlmq.runtime import SubscriberRuntime
 from sqlmq.runtime.buffer import WorkBuffer
 from sqlmq.runtime.counters import RuntimeCounters
@@ -21,6 +21,7 @@ from sqlmq.runtime.fetcher import FETCH_FLOOR, Fetcher, FetchSize, _next_poll
 from sqlmq.runtime.flusher import ISOLATE_AFTER, Flusher
 from sqlmq.runtime.leases import Holdings, LeaseKeeper
 from sqlmq.runtime.quarantine import QUARANTINE_AFTER, Quarantine, is_suspect
+from sqlmq.runtime.stale import stale_reason
 from sqlmq.subscriber import HandlerAdapter, Subscriber, SubscriberConfig
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -75,6 +76,9 @@ class ScriptedEngine:
 
     async def landed(self, batch: Sequence[Settlement]) -> set[int]:
         return {s.id for s in batch if s.id in self.written}
+
+    async def whereabouts(self, ids: Sequence[int]) -> dict[int, Whereabouts]:
+        return {}  # every message gone, as after its consumer group was deleted
 
     def deadlock_victim(self, exc: BaseException) -> bool:
         return False
@@ -146,6 +150,37 @@ async def test_flusher_sends_one_result_per_message_per_batch_and_counts_stale_o
     assert [[(s.id, s.deliveries) for s in b] for b in engine.settled] == [
         [(1, 1), (2, 1)], [(1, 2)]]
     assert (counters.stale, counters.completed) == (2, 1)
+
+
+def test_a_stale_results_reason_is_read_from_where_its_message_is_now() -> None:
+    s = Settlement(1, 2, Outcome.COMPLETE)
+    assert stale_reason(s, None, Archive.ALL) == (
+        "the message was deleted while it ran (its consumer group was deleted, or it was "
+        "removed by hand)")
+    assert stale_reason(s, None, Archive.FAILED).endswith(
+        ", or a later delivery ended it and archive='failed' did not keep it")
+    assert stale_reason(s, Whereabouts("PROCESSING", 3), Archive.ALL) == (
+        "its lease expired and it was delivered again (delivery 3)")
+    assert stale_reason(s, Whereabouts("FAILED", 4), Archive.ALL) == (
+        "its lease expired and it was delivered again, which ended it FAILED")
+    assert stale_reason(s, Whereabouts("CANCELLED", 2), Archive.ALL) == (
+        "its lease expired and it was archived CANCELLED before it ran again")
+    assert stale_reason(s, Whereabouts("PENDING", 2), Archive.ALL) == (
+        "its lease expired and it went back to the queue (PENDING)")
+
+
+async def test_a_stale_result_whose_message_cannot_be_looked_up_is_still_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    engine = ScriptedEngine()
+    engine.stale = {1}
+    engine.whereabouts = None  # type: ignore[assignment]  # the look-up raises TypeError
+    f, _, counters = flusher(engine)
+    f.add(Settlement(1, 1, Outcome.COMPLETE))
+    await f.flush_once()
+    assert f.results == [] and counters.stale == 1
+    (warning,) = [r.getMessage() for r in caplog.records if "stale result" in r.getMessage()]
+    assert warning.startswith("dropped a stale result for message 1 (delivery 1): why is "
+                              "unknown, its message could not be looked up")
 
 
 async def test_flusher_keeps_results_of_a_failed_flush_and_counts_a_lost_reply_as_written(
@@ -454,6 +489,19 @@ def test_fetch_size_keeps_two_batches_buffered_within_prefetch() -> None:
     assert many.size == 64  # at least a batch for every worker
     capped = FetchSize(fetch_batch=500, prefetch=10, workers=64)
     assert capped.ceiling == capped.size == 10 and capped.limit(0) == 10
+
+
+def test_fetch_size_drops_to_one_after_a_suspect_and_grows_back() -> None:
+    """What is fetched while a suspect runs alone is handed back, and its neighbours are
+    likely suspects too: after one, the next acquire asks for a single message."""
+    size = FetchSize(fetch_batch=500, prefetch=1000, workers=8)
+    size.size = 500
+    size.after_suspect()
+    assert size.limit(0) == 1 and size.limit(1) == 1 and size.limit(2) == 0
+    size.observe(1, 1, 0)  # full, the buffer drained: doubling, as from the floor
+    assert size.size == 2
+    size.observe(0, 2, 0)  # nothing ready: back to the floor, not below it
+    assert size.size == FETCH_FLOOR
 
 
 # ---- workers, through the composed runtime -------------------------------------------------

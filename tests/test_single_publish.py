@@ -18,7 +18,7 @@ from sqlalchemy.pool import NullPool, QueuePool
 
 from sqlmq import Broker
 from sqlmq.connect import parse_url
-from sqlmq.engines.kept_connections import discard, driver_connection, keep_limit
+from sqlmq.engines.sql.kept_connections import discard, driver_connection, keep_limit
 
 from .conftest import drop_tables, rows, wait_until
 
@@ -28,7 +28,7 @@ SAME = ("queue", "headers", "payload", "state", "attempts_count", "deliveries_co
 
 
 async def wake_ups_sent(broker: Broker) -> None:
-    """Until PostgreSQL's NOTIFY after overlapping publishes (sqlmq.engines.pg_wakes) is
+    """Until PostgreSQL's NOTIFY after overlapping publishes (sqlmq.engines.postgresql.wakes) is
     sent: it holds a kept connection meanwhile."""
     wakes = getattr(broker.engine, "wakes", None)
     while wakes is not None and wakes._task is not None:
@@ -106,7 +106,7 @@ async def test_a_steady_burst_of_publishes_reuses_its_connections(broker: Broker
     back to a pool that closed what exceeded its size, and were opened again by the next
     burst (25 PostgreSQL sessions a second at 2,000 msg/s, whose start-up the server paid).
     On PostgreSQL the NOTIFY of overlapping publishes goes out after them, on a kept
-    connection too (see sqlmq.engines.pg_wakes): each burst here waits for it, as one still
+    connection too (see sqlmq.engines.postgresql.wakes): each burst here waits for it, as one still
     under way when the next burst starts needs a 21st connection. The bursts together open
     no more than one burst has in flight: on a loaded machine the warm-up bursts may not
     have run all at once (19 opened, then a 20th: the test failed so when it compared with

@@ -1,6 +1,6 @@
 """SQLite, several connections (as several processes have): a writer whose ``BEGIN
 IMMEDIATE`` is refused tries again itself every millisecond or two instead of sleeping up
-to 100 ms in SQLite's busy handler (``sqlmq/sqlite_connections.py``), gives up after the
+to 100 ms in SQLite's busy handler (``sqlmq/engines/sqlite/connections.py``), gives up after the
 busy timeout with an error that says so, and leaves its connection's busy timeout as it
 found it. The process-level consequence (no worker process starved of a shared queue) is in
 ``test_work_sharing.py``."""
@@ -16,8 +16,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from sqlmq import Broker, sqlite_connections
-from sqlmq.engines.sqlite import _NO_BUSY_WAIT
+from sqlmq import Broker
+from sqlmq.engines.sqlite import connections as sqlite_connections
+from sqlmq.engines.sqlite.engine import _NO_BUSY_WAIT
 
 
 def _holder(path: Path) -> sqlite3.Connection:
@@ -119,7 +120,7 @@ async def test_an_acquire_whose_look_as_a_reader_is_refused_takes_the_write_lock
     """A reader is refused only rarely (another connection recovering the log); the look
     then counts as "maybe": the acquire takes the write lock and finds what is there,
     instead of failing."""
-    from sqlmq.engines import sqlite as sqlite_engine
+    from sqlmq.engines.sqlite import engine as sqlite_engine
 
     engine: Any = broker.engine
     assert await engine._acquire_plain(["jobs"], 10, 30) == []

@@ -1,4 +1,4 @@
-"""SQLite's write-ahead log under steady load (``sqlmq/engines/sqlite_log.py``): an engine
+"""SQLite's write-ahead log under steady load (``sqlmq/engines/sqlite/log.py``): an engine
 lets its next writer in when the previous one sends its COMMIT, so the checkpoint after a
 commit never finds the log free to start over, and its file grew with every message
 handled (149 MB through a drain of 20,000 messages of 1,000 ordered channels). Past its
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sqlmq import Broker, Outcome, Settlement
-from sqlmq.engines import sqlite_log
+from sqlmq.engines.sqlite import log as sqlite_log
 
 LIMIT = 64 * 1024
 

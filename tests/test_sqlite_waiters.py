@@ -1,5 +1,5 @@
 """Writers waiting for an SQLite file's write lock, made known to the writer about to take it
-(``sqlmq/sqlite_waiters.py``): by a shared ``flock`` on a file beside the database, seen
+(``sqlmq/engines/sqlite/waiters.py``): by a shared ``flock`` on a file beside the database, seen
 from another engine's descriptor, or another process's."""
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from sqlmq import Broker, sqlite_waiters
-from sqlmq.sqlite_connections import waiters_of
-from sqlmq.sqlite_waiters import _LOOK_EVERY, STEP_BACK, Waiters
+from sqlmq import Broker
+from sqlmq.engines.sqlite import waiters as sqlite_waiters
+from sqlmq.engines.sqlite.connections import waiters_of
+from sqlmq.engines.sqlite.waiters import _LOOK_EVERY, STEP_BACK, Waiters
 
 
 def test_a_waiting_writer_is_seen_by_another_engine_until_it_is_in(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ def _opener(use_async: bool, tasks: Any, barrier: Any, results: Any) -> None:
     connect (the engine is built first so that the connects start together)."""
     from sqlalchemy import text
 
-    from sqlmq.connect import create_async, create_sync, parse_url, sync_url
+    from sqlmq.connect import parse_url, sync_url
+    from sqlmq.engines import create_async, create_sync
 
     async def go_async(url: str) -> str:
         engine = create_async(parse_url(url))

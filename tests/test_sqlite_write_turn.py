@@ -1,5 +1,5 @@
 """SQLite, one process: the engine's writers take turns on an asyncio lock instead of
-sleeping in SQLite's busy handler (``sqlmq/sqlite_connections.py``). A turn ends with its
+sleeping in SQLite's busy handler (``sqlmq/engines/sqlite/connections.py``). A turn ends with its
 transaction, not with its connection, so a connection kept open between transactions holds
 nobody up."""
 
@@ -68,7 +68,7 @@ async def test_a_task_cancelled_inside_a_statement_ends_cancelled_and_frees_the_
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    from sqlmq.sqlite_connections import _TURN
+    from sqlmq.engines.sqlite.connections import _TURN
 
     assert not any(lock.locked() for lock in broker.db.sync_engine.__dict__[_TURN].values())
     # The database's own write lock is free as well: the cut-short transaction was rolled
@@ -96,7 +96,7 @@ async def test_the_pool_rolls_back_only_a_connection_it_takes_back_in_a_transact
     rolled back, its write undone and the write lock freed."""
     import aiosqlite
 
-    from sqlmq.engines.kept_connections import driver_connection
+    from sqlmq.engines.sql.kept_connections import driver_connection
 
     rollbacks: list[int] = []
     rollback = aiosqlite.Connection.rollback

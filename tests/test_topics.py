@@ -8,6 +8,7 @@ deleted groups, the caller's transaction, keys and expiry per copy) are
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,34 @@ async def test_a_deleted_groups_consumer_stops_getting_copies(broker: Broker) ->
         assert got == [1]
     finally:
         await broker.stop()
+
+
+@on_every_engine
+async def test_a_result_dropped_after_its_group_was_deleted_says_so(
+        broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    """A consumer still running a copy when its group is deleted finishes; its result is
+    dropped, and the warning says the message was deleted while it ran, not that its lease
+    expired and it was delivered again (which an operator would go looking for)."""
+    caplog.set_level(logging.WARNING, logger="sqlmq")
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @broker.subscriber(topic="t", group="g", workers=1, flush_interval=0.01)
+    async def handle(msg: Message) -> None:
+        started.set()
+        await release.wait()
+
+    await broker.start()
+    (runtime,) = broker.runtimes
+    try:
+        (msg_id,) = (await broker.publish_topic("t", 1)).values()
+        await asyncio.wait_for(started.wait(), 20)
+        assert await broker.delete_group("t", "g") == 1
+        release.set()
+        await wait_until(lambda: runtime.counters.stale == 1, message="the result dropped")
+    finally:
+        release.set()
+        await broker.stop()
+    (warning,) = [r.getMessage() for r in caplog.records if "stale result" in r.getMessage()]
+    assert warning == (f"dropped a stale result for message {msg_id} (delivery 1): the "
+                       "message was deleted while it ran (its consumer group was deleted, or "
+                       "it was removed by hand)")

@@ -189,6 +189,108 @@ async def test_a_pipeline_is_one_trace(
     assert child_of(consumers["process invoices"], producers["publish invoices"])
 
 
+@on_every_engine
+async def test_a_batch_call_is_one_consumer_span_linked_to_its_producers(
+    broker: Broker, provider: TracerProvider, exporter: InMemorySpanExporter,
+) -> None:
+    broker.add_middleware(TracingMiddleware(tracer_provider=provider))
+    batches: list[list[int]] = []
+
+    @broker.subscriber("q", batch=3, batch_wait=5.0, workers=1, **FAST)
+    async def load(msgs: list[Message]) -> None:
+        batches.append([m.id for m in msgs])
+
+    together = await broker.publish_batch("q", ["a", "b", "c"])  # one producer span
+    apart = [await broker.publish("q", body) for body in ("d", "e", "f")]  # three
+    await broker.start()
+    try:
+        await wait_until(lambda: len(spans(exporter, SpanKind.CONSUMER)) == 2,
+                         message="a consumer span per batch")
+    finally:
+        await broker.stop()
+
+    assert batches == [together, apart]
+    producers = spans(exporter, SpanKind.PRODUCER)
+    batch_producer = next(p for p in producers if p.attributes.get(
+        "messaging.batch.message_count") == 3)
+    singles = {p.context.span_id for p in producers if p is not batch_producer}
+    first, second = sorted(spans(exporter, SpanKind.CONSUMER), key=lambda c: c.start_time)
+    for consumer, ids in ((first, together), (second, apart)):
+        assert consumer.name == "process q"
+        assert consumer.attributes["messaging.batch.message_count"] == 3
+        assert list(consumer.attributes["messaging.sqlmq.message.ids"]) == [str(i) for i in ids]
+        assert consumer.attributes["messaging.destination.name"] == "q"
+    # one producer: it is the parent (one trace), and the one link counts its messages
+    assert child_of(first, batch_producer)
+    (link,) = first.links
+    assert link.context.span_id == batch_producer.context.span_id
+    assert link.attributes["messaging.batch.message_count"] == 3
+    # several producers: a trace of its own, linked to each
+    assert second.parent is None
+    assert {link.context.span_id for link in second.links} == singles
+    assert all(link.attributes["messaging.batch.message_count"] == 1 for link in second.links)
+
+
+@on_every_engine
+async def test_a_batch_of_several_queues_names_them_all(
+    broker: Broker, provider: TracerProvider, exporter: InMemorySpanExporter,
+) -> None:
+    broker.add_middleware(TracingMiddleware(tracer_provider=provider))
+    batches: list[list[str]] = []
+
+    @broker.subscriber(["a", "b"], batch=2, batch_wait=5.0, workers=1, **FAST)
+    async def load(msgs: list[Message]) -> None:
+        batches.append(sorted(m.queue for m in msgs))
+
+    await broker.publish("a", "x")
+    await broker.publish("b", "y")
+    await broker.start()
+    try:
+        await wait_until(lambda: len(spans(exporter, SpanKind.CONSUMER)) == 1,
+                         message="the batch's span")
+    finally:
+        await broker.stop()
+
+    assert batches == [["a", "b"]]
+    (consumer,) = spans(exporter, SpanKind.CONSUMER)
+    assert consumer.name == "process a,b"
+    assert "messaging.destination.name" not in consumer.attributes
+    assert len(consumer.links) == 2 and consumer.parent is None
+
+
+@on_every_engine
+async def test_a_failed_batch_leaves_the_error_on_its_span_and_a_batch_pipeline_is_one_trace(
+    broker: Broker, provider: TracerProvider, exporter: InMemorySpanExporter,
+) -> None:
+    broker.add_middleware(TracingMiddleware(tracer_provider=provider))
+
+    @broker.subscriber("orders", batch=2, batch_wait=5.0, publish_to="invoices",
+                       retry=Retry.none(), **FAST)
+    async def bill(orders: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if any("bad" in o for o in orders):
+            raise ValueError("bad order")
+        return [{"invoice": o["id"]} for o in orders]
+
+    await broker.publish_batch("orders", [{"id": 1}, {"id": 2}])
+    await broker.start()
+    try:
+        await wait_until(lambda: len(spans(exporter, SpanKind.PRODUCER)) == 2,
+                         message="the output's producer span")
+        await broker.publish_batch("orders", [{"bad": 1}, {"bad": 2}])
+        await wait_until(lambda: len(spans(exporter, SpanKind.CONSUMER)) == 2,
+                         message="the failed batch's span")
+    finally:
+        await broker.stop()
+
+    orders, invoices, _ = sorted(spans(exporter, SpanKind.PRODUCER), key=lambda p: p.start_time)
+    billed, failed = sorted(spans(exporter, SpanKind.CONSUMER), key=lambda c: c.start_time)
+    assert (orders.name, invoices.name) == ("publish orders", "publish invoices")
+    assert child_of(billed, orders) and child_of(invoices, billed)
+    assert invoices.attributes["messaging.batch.message_count"] == 2
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.events[0].attributes["exception.type"] == "ValueError"
+
+
 def test_sqlmq_imports_without_opentelemetry_and_the_middleware_names_the_extra() -> None:
     script = (
         "import sys\n"

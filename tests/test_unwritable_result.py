@@ -8,11 +8,14 @@ in the queue and comes back after its lease, so nothing is lost.
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from sqlalchemy import text
 
 from sqlmq import Broker, Message
 
-from .conftest import archived, rows, wait_until
+from .conftest import archived, on_every_engine, rows, wait_until
 
 
 def _refuse_archiving(dialect: str, prefix: str, msg_id: int) -> list[str]:
@@ -86,3 +89,45 @@ async def test_a_refused_result_is_given_up_and_the_rest_are_written(
 
     assert sorted({i for i, _ in handled}) == sorted(ids)
     assert [d for i, d in handled if i != bad] == [1] * (len(ids) - 1)
+
+
+@on_every_engine
+async def test_a_lone_result_that_fails_by_sqlmqs_own_fault_is_given_up_with_its_traceback(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Alone in its batch, a result whose write fails with a database error is retried with
+    backoff (nothing shows it is at fault rather than the database). One whose write fails
+    by a fault of sqlmq's own (not a database error: retrying cannot mend it) is given up
+    after the same tries, logged with its traceback, and its message comes back after its
+    lease: it does not stay PROCESSING while the worker runs, holding up what follows it."""
+    await broker.set_channel("c", ordered=True)
+    first, second = [await broker.publish("jobs", body, channel="c") for body in ("a", "b")]
+    engine = broker.engine
+    faulty = {first}
+
+    def failing(write: Any) -> Any:
+        async def settle(settlements: Any, *args: Any) -> Any:
+            if faulty & {s.id for s in settlements}:
+                raise TypeError("'dict' object is not callable")
+            return await write(settlements, *args)
+        return settle
+
+    engine.settle = failing(engine.settle)  # type: ignore[method-assign]
+    engine.settle_passing = failing(engine.settle_passing)  # type: ignore[method-assign]
+    handled: list[tuple[str, int]] = []
+
+    @broker.subscriber("jobs", lease=2.0, flush_interval=0.0, max_fetch_interval=0.05)
+    async def handle(msg: Message) -> None:
+        handled.append((msg.body, msg.deliveries))
+        if msg.deliveries > 1:
+            faulty.clear()
+
+    try:
+        await broker.start()
+        await archived(broker, first)
+        await archived(broker, second)
+    finally:
+        await broker.stop()
+    assert handled == [("a", 1), ("a", 2), ("b", 1)]
+    (given_up,) = [r for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert given_up.exc_info is not None and given_up.exc_info[0] is TypeError

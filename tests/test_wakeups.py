@@ -20,8 +20,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqlmq import Broker, Message
-from sqlmq.engines.pg_notify import Listener
-from sqlmq.engines.sql import postgresql as postgresql_sql
+from sqlmq.engines.postgresql import statements as postgresql_sql
+from sqlmq.engines.postgresql.notify import Listener
 
 from .conftest import wait_until
 from .procs import ROOT
@@ -171,7 +171,7 @@ async def _publish_overlapping(broker: Broker, db_url: str, prefix: str,
     """With ``broker`` subscribed, listening and idle, publish from another broker while,
     as far as its engine knows, another publish of it is sending its NOTIFY (claimed, never
     sent): the publish goes without and is owed a NOTIFY after its commit
-    (sqlmq.engines.pg_wakes). Returns the publisher, to close, and the message's id."""
+    (sqlmq.engines.postgresql.wakes). Returns the publisher, to close, and the message's id."""
     await _start_listening(broker, handled)
     await asyncio.sleep(IDLE)
     publisher = Broker(db_url, table_prefix=prefix)

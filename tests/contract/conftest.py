@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from sqlmq import Broker, build_schema
 from sqlmq.engines.contract import Engine
-from sqlmq.engines.memory import MemoryEngine
+from sqlmq.engines.memory.engine import MemoryEngine
 from sqlmq.records import Delivery, NewMessage, NewMessages, QueueStats
 
 from ..conftest import drop_tables, url_for

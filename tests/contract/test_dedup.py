@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from sqlmq.engines.memory import MemoryEngine
+from sqlmq.engines.memory.engine import MemoryEngine
 from sqlmq.lifecycle import Outcome
 from sqlmq.records import NewMessage, NewMessages, Published, Settlement
 

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from sqlmq.engines.memory import MemoryEngine
+from sqlmq.engines.memory.engine import MemoryEngine
 from sqlmq.lifecycle import Outcome, State
 from sqlmq.records import NewMessage, NewMessages, Settlement
 

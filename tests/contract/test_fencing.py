@@ -4,7 +4,7 @@ PROCESSING, and returns the ids it wrote; a stale holder writes nothing."""
 from __future__ import annotations
 
 from sqlmq.lifecycle import Outcome
-from sqlmq.records import Delivery, Settlement
+from sqlmq.records import Delivery, Settlement, Whereabouts
 
 from .conftest import Env, ids
 
@@ -97,3 +97,16 @@ async def test_landed_does_not_mistake_a_recovery_for_a_release(env: Env) -> Non
     assert await env.engine.landed([Settlement(d.id, 1, Outcome.RELEASE)]) == set()
     assert await env.engine.landed([Settlement(d.id, 1, Outcome.RETRY)]) == set()
     assert await env.engine.landed([Settlement(d.id, 1, Outcome.COMPLETE)]) == set()
+
+
+async def test_whereabouts_says_where_each_message_is_now(env: Env) -> None:
+    """What the runtime reads to say why a result was dropped: a live row's state and
+    delivery count, an archived one's, and nothing for an id in neither."""
+    first, _ = await redelivered(env)
+    await env.publish("q")
+    (other,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.settle([Settlement(other.id, 1, Outcome.CANCEL)]) == {other.id}
+    found = await env.engine.whereabouts([first.id, other.id, other.id + 1000])
+    assert found == {first.id: Whereabouts("PROCESSING", 2),
+                     other.id: Whereabouts("CANCELLED", 1)}
+    assert await env.engine.whereabouts([]) == {}

@@ -86,7 +86,8 @@ async def test_recovery_with_no_spread_makes_the_message_ready_at_once(env: Env)
 async def test_recovery_keeps_the_newest_history_entries(env: Env) -> None:
     (msg_id,) = await env.publish("q")
     (d,) = await env.engine.acquire(["q"], 10, 30)
-    full = [{"delivery": i, "ended": "nacked"} for i in range(HISTORY_LIMIT)]
+    full = [{"delivery": i, "ended": "nacked", "at": f"2026-01-01T00:00:{i:02d}+00:00"}
+            for i in range(HISTORY_LIMIT)]
     released = Settlement(d.id, 1, Outcome.RELEASE, attempted=False, history=full)
     assert await env.engine.settle([released]) == {msg_id}
     (d,) = await env.engine.acquire(["q"], 10, 0.1)

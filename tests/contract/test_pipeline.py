@@ -1,5 +1,5 @@
 """A pipeline step's settle: a settlement's ``outputs`` are published in the transaction
-that writes it, and only if it lands (see sqlmq.engines.settle_onward)."""
+that writes it, and only if it lands (see sqlmq.engines.sql.settle_onward)."""
 
 from __future__ import annotations
 

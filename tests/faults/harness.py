@@ -59,7 +59,12 @@ class WorkerSpec:
     ``slow_first`` (only the first delivery sleeps), ``pipeline`` (sleep, record, then return
     ``{"from": id}``, which a subscriber with ``publish_to`` publishes onward),
     ``channel_runs`` (write the start in :func:`runs_table`, sleep, write the end, record,
-    then fail with probability ``fail``: a body is ``{"c": channel, ...}``)."""
+    then fail with probability ``fail``: a body is ``{"c": channel, ...}``), ``answer``
+    (sleep, or the body's ``sleep_first`` on a first delivery, record, then return the
+    message's id, body, delivery and the worker's pid, or raise the body's ``fail``: a
+    subscriber with ``results=True`` keeps it); ``batch`` and ``batch_pipeline`` are batch
+    handlers (``batch=`` in ``subscriber``): sleep, record each message, and
+    (``batch_pipeline``) return ``[{"from": id}, ...]``, one per message."""
 
     url: str
     prefix: str
@@ -125,7 +130,14 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
         if random.random() < spec.fail:
             raise RuntimeError("a failure the test asked for")
 
-    @broker.subscriber(spec.queue, **spec.subscriber)
+    async def handle_batch(msgs: list[Message]) -> Any:
+        await asyncio.sleep(spec.sleep)
+        for msg in msgs:
+            record(msg)
+        if spec.handler == "batch_pipeline":
+            return [{"from": msg.id} for msg in msgs]
+        return None
+
     async def handle(msg: Message) -> Any:
         if spec.handler == "channel_runs":
             return await channel_run(msg)
@@ -133,6 +145,14 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
             await asyncio.sleep(spec.sleep)
             record(msg)
             return {"from": msg.id}
+        if spec.handler == "answer":  # a results=True subscriber answering requests
+            first = msg.deliveries == 1 and "sleep_first" in msg.body
+            await asyncio.sleep(msg.body["sleep_first"] if first else spec.sleep)
+            record(msg)
+            if "fail" in msg.body:
+                raise ValueError(msg.body["fail"])
+            return {"id": msg.id, "echo": msg.body, "pid": os.getpid(),
+                    "delivery": msg.deliveries}
         if spec.handler == "poison" and msg.body == "poison":
             record(msg, " died")
             os._exit(3)
@@ -145,6 +165,8 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
             await asyncio.sleep(spec.sleep)
         record(msg)
 
+    batches = spec.handler in ("batch", "batch_pipeline")
+    broker.subscriber(spec.queue, **spec.subscriber)(handle_batch if batches else handle)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
