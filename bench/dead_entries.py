@@ -33,7 +33,7 @@ from typing import Any
 
 import asyncpg
 
-from sqlmq.engines.sql import postgresql as sql
+from sqlmq.engines.postgresql import statements as sql
 
 from .common import PG_URL, PREFIX, drop_tables, fresh_broker, table
 

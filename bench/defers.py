@@ -2,7 +2,7 @@
 cooperative long task does between its steps, in defers per second. Four messages, four
 workers, ``flush_interval=0`` (each result written at once), until ``--n`` deliveries ran.
 Every defer is a settle through the engine's Core statements for DEFER
-(``sqlmq.engines.core_control``) and a new acquire. No peer: PGQueuer has no defer with
+(``sqlmq.engines.sql.control``) and a new acquire. No peer: PGQueuer has no defer with
 saved state.
 
     .venv/bin/python -m bench.defers [--db all] [--n 400] [--rounds 3]

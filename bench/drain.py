@@ -94,6 +94,12 @@ async def timed_drain(broker: Broker, n: int, options: dict[str, Any],
         if sleep:
             await asyncio.sleep(sleep)
 
+    return await completed_rate(broker, n)
+
+
+async def completed_rate(broker: Broker, n: int) -> float:
+    """Messages per second for ``broker``'s subscribers to archive ``n`` messages, checked
+    in the archive once they stopped."""
     elapsed = await until_completed(broker, n)
     await broker.stop()
     got = await archived(broker)
@@ -169,7 +175,8 @@ def limit_statement(engine: Any, batch: int) -> str:
 
     The ``$n`` parameters become the loop's variables and constants; each acquire and each
     settle commits on its own, as it does when the runtime drives them."""
-    from sqlmq.engines.sql import postgresql, render
+    from sqlmq.engines.postgresql import statements as postgresql
+    from sqlmq.engines.sql.statements import render
 
     acquire = render(postgresql.ACQUIRE, engine.names)
     acquire = _bind(acquire, [f"'{QUEUE}'", str(batch), "30"])  # queue, limit, lease

@@ -83,7 +83,7 @@ async def _acquire_cost(broker: Any) -> str:
     buffers it touches and its time. The queue is empty by now, so it takes nothing; what
     it reads is the dead rows a plan cannot skip. Buffers do not depend on the machine's
     load, times do."""
-    from sqlmq.engines.kept_connections import driver_connection
+    from sqlmq.engines.sql.kept_connections import driver_connection
 
     engine = broker.engine
     conn = await engine._checkout()

@@ -1,4 +1,4 @@
-"""Why overlapping publishes share one NOTIFY (sqlmq/engines/pg_wakes.py): PostgreSQL's
+"""Why overlapping publishes share one NOTIFY (sqlmq/engines/postgresql/wakes.py): PostgreSQL's
 commits per second with and without a NOTIFY in each transaction.
 
 A transaction that sent a NOTIFY holds the notification queue's lock from just before its

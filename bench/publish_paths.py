@@ -14,7 +14,7 @@ awaited one after another; each case on fresh tables):
   holds 20,000 messages (a publish checks the size against the channel's size bound, and
   counts the channel's messages only when it may not fit).
 
-All but the first go through SQLAlchemy Core (``sqlmq.engines.core_publish`` and
+All but the first go through SQLAlchemy Core (``sqlmq.engines.sql.publish`` and
 ``core_room``), where the Python side of a publish, not its SQL, was most of the time.
 PGQueuer's single enqueue is in ``bench.run publish``.
 

@@ -9,11 +9,21 @@
                                     --hold 180]
     .venv/bin/python -m bench.run channels --db all [--n 20000 --channels 1000]
                                     [--cases plain,spread,ordered,mixed,limited,fairness]
+    .venv/bin/python -m bench.run relay [--n 20000] [--targets amqp,nats] [--rate 500]
+                                    [--seconds 10] [--peer-workers 64,256,1024]
+                                    [--no-latency | --no-throughput]
+    .venv/bin/python -m bench.run inbox [--n 20000] [--sources amqp,nats,redis]
+    .venv/bin/python -m bench.run peers [--n 30000] [--contenders sqlmq,pgqueuer,...]
+                                    [--waldump]
 
 Prints one table per benchmark (medians over ``--repeat`` rounds; ratios are taken within
 each round, then their median), followed by the command line that reproduces it. Run
 ``bash bench/setup.sh`` once first (PGQueuer in bench/.venv-pgqueuer, py-spy/pyinstrument).
 Every table the run creates carries its own prefix (``bench<pid>_``) and is dropped after.
+``relay`` and ``inbox`` (PostgreSQL; RabbitMQ, NATS JetStream and Redis on this host) compare
+with faststream-sqlbroker in bench/.venv-sqlbroker, which bench/setup.sh also builds.
+``peers`` (PostgreSQL) drains beside PGQueuer, graphile-worker and pg-boss (bench/node/, which
+bench/setup.sh installs with npm) and reports what each drain cost the database.
 """
 
 from __future__ import annotations
@@ -31,15 +41,20 @@ from typing import Any
 from .common import DATABASES, median, percentile, table
 
 DEFAULT_N = 100_000
+#: ``--n`` of the benchmarks whose far broker takes a few thousand messages a second.
+FAR_N = {"relay": 20_000, "inbox": 20_000, "peers": 30_000}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["drain", "publish", "latency", "fresh", "workers",
-                                    "processes", "held", "channels", "all"])
+                                    "processes", "held", "channels", "relay", "inbox",
+                                    "peers", "all"])
     p.add_argument("--db", default="all", choices=[*DATABASES, "all"])
-    p.add_argument("--n", type=int, default=DEFAULT_N, help="messages per drain")
+    p.add_argument("--n", type=int, default=None,
+                   help=f"messages per drain ({DEFAULT_N:,}; relay and inbox: 20,000; "
+                        "peers: 30,000)")
     p.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported")
     p.add_argument("--peer-batches", default="10,100,500",
                    help="PGQueuer batch sizes to try (the best is reported)")
@@ -48,7 +63,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="messages per PGQueuer configuration in the search for its best")
     p.add_argument("--rates", default="100,2000", help="latency: messages per second")
     p.add_argument("--seconds", type=float, default=10.0, help="latency: publishing time")
-    p.add_argument("--rate", type=float, default=500.0, help="fresh: messages per second")
+    p.add_argument("--rate", type=float, default=500.0,
+                   help="fresh and relay's latency: messages per second")
     p.add_argument("--load-seconds", type=float, default=60.0, help="fresh: publishing time")
     p.add_argument("--analyzed-empty", action="store_true",
                    help="fresh: ANALYZE the empty table first (a queue that drained)")
@@ -76,7 +92,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--subscriber-defaults", action="store_true",
                    help="channels: drain plain, spread, ordered and mixed with "
                         "@broker.subscriber's defaults instead of the drain's tuned options")
-    return p.parse_args(argv)
+    p.add_argument("--targets", default="amqp,nats",
+                   help="relay: the far brokers, of amqp (RabbitMQ) and nats (JetStream)")
+    p.add_argument("--sources", default="amqp,nats,redis",
+                   help="inbox: the far brokers, of amqp, nats and redis (Redis Streams)")
+    p.add_argument("--peer-workers", default="64,256,1024",
+                   help="relay: faststream-sqlbroker max_workers to try (the best is run)")
+    p.add_argument("--no-latency", action="store_true", help="relay: throughput only")
+    p.add_argument("--no-throughput", action="store_true", help="relay: latency only")
+    p.add_argument("--contenders", default=None,
+                   help="peers: which drains, of sqlmq, sqlmq-delete, pgqueuer, graphile-fast, "
+                        "graphile-default, pg-boss (all)")
+    p.add_argument("--waldump", action="store_true",
+                   help="peers: read each drain's WAL back with pg_waldump (its own bytes, by "
+                        "record type and relation)")
+    args = p.parse_args(argv)
+    if args.n is None:
+        args.n = FAR_N.get(args.what, DEFAULT_N)
+    return args
 
 
 #: The runs of ``channels``.
@@ -482,6 +515,32 @@ def run_held(args: argparse.Namespace) -> str:
           f"{100 * r['hot']:.0f}%"] for r in rows])
 
 
+# ---- relay and inbox ----------------------------------------------------------------------
+
+def run_relay(args: argparse.Namespace) -> str:
+    from .relay import run_relay as relay
+
+    return relay(args)
+
+
+def run_inbox(args: argparse.Namespace) -> str:
+    from .inbox import run_inbox as inbox
+
+    return inbox(args)
+
+
+def run_peers(args: argparse.Namespace) -> str:
+    from .peers import CONTENDERS
+    from .peers import run_peers as peers
+
+    chosen = args.contenders.split(",") if args.contenders else list(CONTENDERS)
+    unknown = sorted(set(chosen) - set(CONTENDERS))
+    if unknown:
+        raise SystemExit(f"unknown --contenders {', '.join(unknown)}: choose from "
+                         f"{', '.join(CONTENDERS)}")
+    return peers(args.n, args.repeat, chosen, args.waldump, _log)
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 def _sync(fn: Any, *args: Any) -> Any:
@@ -528,7 +587,8 @@ def main(argv: list[str] | None = None) -> None:
         print({"drain": run_drain, "publish": run_publish, "latency": run_latency,
                "fresh": run_fresh, "workers": run_workers,
                "processes": run_processes, "held": run_held,
-               "channels": run_channels}[name](args) + "\n", flush=True)
+               "channels": run_channels, "relay": run_relay,
+               "inbox": run_inbox, "peers": run_peers}[name](args) + "\n", flush=True)
     print(f"\n{conditions()}")
     print(f"reproduce: .venv/bin/python -m bench.run {shlex.join(argv)}")
 
