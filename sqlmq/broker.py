@@ -6,6 +6,7 @@ subscribers, and start/stop. Which database it runs on is the engine's business
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,6 +38,9 @@ from .wakeups import Wakeups
 if TYPE_CHECKING:
     from .maintenance import Retention
     from .metrics import PrometheusMetrics
+
+#: Seconds ``start()`` waits at most for the wake-up listener (PostgreSQL's LISTEN).
+LISTEN_WAIT = 5.0
 
 
 class Broker(Publisher, Results, Scheduling, Administration, Operations):
@@ -230,6 +234,13 @@ class Broker(Publisher, Results, Scheduling, Administration, Operations):
             self._recovery = LeaseRecovery(self._engine, self._recovery_every,
                                            self.recovery_spread, self._wakeups.wake_all)
             self._recovery.start()
+        if self.listener is not None:
+            # A publish committed once start() returns wakes the subscribers by its
+            # notification, not by their next poll. Bounded: a listener that cannot connect
+            # logs why and retries, and the polls cover for it meanwhile.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LISTEN_WAIT):
+                    await self.listener.listening()
         if self._heartbeat is not None:  # listed in workers() once start() returns
             await self._heartbeat.first_beat()
         if self._schedules:

@@ -95,13 +95,37 @@ async def test_rolled_back_outbox_publish_delivers_nothing_and_connection_goes_o
 
 
 async def _start_listening(broker: Broker, handled: list[int]) -> Listener:
-    """Subscribe, start, and wait until the broker's LISTEN connection is up."""
+    """Subscribe and start: the broker's LISTEN connection is up once start() returns."""
     _subscribe(broker, handled)
     await broker.start()
     listener = broker.listener
     assert listener is not None
-    await wait_until(listener.connected.is_set, message="the LISTEN connection")
+    assert listener.connected.is_set()
     return listener
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+async def test_start_returns_once_its_listener_hears_notifications(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish committed on another connection right after start() returns wakes the
+    subscriber by its NOTIFY (a CI run saw one handled by the first poll instead: start()
+    had returned before the LISTEN, and the notification went to no one). The listener's
+    connection is made slow here, as a loaded machine made it."""
+    listen_once = Listener._listen_once
+
+    async def slow(self: Listener, backoff: object) -> None:
+        await asyncio.sleep(0.5)
+        await listen_once(self, backoff)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Listener, "_listen_once", slow)
+    listener = await _start_listening(broker, [])
+    async with broker.db.connect() as conn:
+        raw = await conn.get_raw_connection()
+        listening = await raw.driver_connection.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE 'LISTEN%'",
+            listener.backend_pid)
+    assert listening == 1
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql"])

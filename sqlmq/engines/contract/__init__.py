@@ -50,6 +50,11 @@ class WakeSource(Protocol):
 
     def start(self) -> None: ...
 
+    async def listening(self) -> None:
+        """Return once notifications reach this source: a publish committed after that
+        wakes the subscribers at once (the broker's ``start()`` waits for it, bounded)."""
+        ...
+
     async def stop(self) -> None: ...
 
 

@@ -131,6 +131,9 @@ class Listener:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"sqlmq-listen {self.channel}")
 
+    async def listening(self) -> None:
+        await self.connected.wait()
+
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel_and_wait(task)
