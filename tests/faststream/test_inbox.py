@@ -200,10 +200,10 @@ async def test_killed_inbox_handler_processes_take_each_message_once(
     broker: Broker, db_url: str, prefix: str, tmp_path: Path,
 ) -> None:
     """A FastStream app whose RabbitMQ subscriber is an inbox handler, SIGKILLed three
-    times while it takes 1,000 messages: RabbitMQ delivers again what each held
+    times while it takes 600 messages: RabbitMQ delivers again what each held
     unacknowledged, and every message is in sqlmq once (live or archived: a subscriber of
     this test handles them meanwhile, so sqlmq's dedup key could not hide a second one)."""
-    n, name = 1000, f"inbox-{uuid.uuid4().hex[:10]}"
+    n, name = 600, f"inbox-{uuid.uuid4().hex[:10]}"
     bodies = [b"message %d" % i for i in range(n)]
     import aio_pika
 
@@ -223,7 +223,7 @@ async def test_killed_inbox_handler_processes_take_each_message_once(
     script.write_text(APP)
     try:
         await kill_while_taking([sys.executable, str(script), db_url, prefix, name], broker,
-                                n, 3, (100, 250), tmp_path / "app.log")
+                                n, 3, (80, 150), tmp_path / "app.log")
         await wait_until(lambda: drained(broker, "in"), timeout=60, message="sqlmq drained")
     finally:
         await broker.stop()

@@ -1,4 +1,4 @@
-"""``sqlmq inbox`` processes killed with SIGKILL at random moments while they take 10,000
+"""``sqlmq inbox`` processes killed with SIGKILL at random moments while they take 5,000
 messages from each far broker: every message ends up in sqlmq exactly once, none lost.
 
 Between the kills a subscriber of this test handles and archives what arrived, so a
@@ -22,7 +22,7 @@ from sqlmq import Broker, Message
 from ..conftest import drained, one_kill_test_at_a_time, rows, wait_until
 from .inbox_sources import Far, ack_wait, kill_while_taking, ledger_size
 
-N = 10_000
+N = 5_000
 KILLS = 4
 
 
@@ -54,7 +54,7 @@ async def test_killed_inbox_processes_lose_nothing_and_write_nothing_twice(
     command = [sys.executable, "-m", "sqlmq.cli", "inbox", "in", "--from", far_source.url,
                *far_source.cli, "--url", db_url, "--prefix", prefix, "--batch", "200"]
     try:
-        await kill_while_taking(command, broker, N, KILLS, (200, 1500), tmp_path / "inbox.log")
+        await kill_while_taking(command, broker, N, KILLS, (200, 900), tmp_path / "inbox.log")
         await wait_until(lambda: drained(broker, "in"), timeout=60, message="sqlmq drained")
     finally:
         await broker.stop()

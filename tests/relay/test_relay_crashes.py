@@ -1,9 +1,9 @@
-"""``sqlmq relay`` killed with SIGKILL ten times while it relays 20,000 messages: nothing is
+"""``sqlmq relay`` killed with SIGKILL six times while it relays 10,000 messages: nothing is
 lost, nothing is left in sqlmq, and what arrives twice is only what was unconfirmed (sent
 but not archived) at a kill. JetStream drops those duplicates by ``Nats-Msg-Id`` (every
 message is in the stream once); RabbitMQ keeps them (at least once), counted and reported.
 
-On the three databases. A run takes 30-100 s on two cores, most of it the messages
+On the three databases. A run takes 20-60 s on two cores, most of it the messages
 stranded by the kills, which come back when their leases expire and then run one at a time
 as suspects (see sqlmq.runtime.quarantine).
 """
@@ -29,8 +29,8 @@ from .far import Far, far_for
 pytestmark = [pytest.mark.slow, one_kill_test_at_a_time]
 
 ROOT = Path(__file__).resolve().parents[2]
-MESSAGES = 20_000
-KILLS = 10
+MESSAGES = 10_000
+KILLS = 6
 #: Messages archived between two kills (at least): each kill lands in the middle of a relay.
 BETWEEN_KILLS = 1_000
 LEASE = 2.0  # seconds: a killed relay's messages come back soon
@@ -86,7 +86,7 @@ PAIRS = [("jetstream", "postgresql"), ("rabbitmq", "mariadb"), ("jetstream", "sq
 
 
 @pytest.mark.parametrize(("kind", "db_kind"), PAIRS)
-async def test_a_relay_killed_ten_times_loses_nothing_and_repeats_only_the_unconfirmed(
+async def test_a_relay_killed_six_times_loses_nothing_and_repeats_only_the_unconfirmed(
         kind: str, db_kind: str, db_url: str, prefix: str, tmp_path: Path) -> None:
     far = far_for(kind, f"crash-{prefix.rstrip('_')}", tmp_path)
     await far.prepare()

@@ -1,8 +1,8 @@
 """Every message of a queue reaches each real far broker with its sqlmq id and publish time,
 and an ordered channel's messages reach it in publish order.
 
-10,000 messages on PostgreSQL, 2,000 on MariaDB and SQLite: the same paths with a fifth of
-the rows, so the four brokers on three databases stay within a couple of minutes on two
+5,000 messages on PostgreSQL, 2,000 on MariaDB and SQLite: the same paths with fewer
+rows, so the four brokers on three databases stay within a couple of minutes on two
 cores (the throughput itself is bench/relay.py's business)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlmq import Broker, Relay
 from ..conftest import drained, drop_tables, rows, wait_until
 from .far import KINDS, Arrived, far_for
 
-COUNTS = {"postgresql": 10_000, "mariadb": 2_000, "sqlite": 2_000}
+COUNTS = {"postgresql": 5_000, "mariadb": 2_000, "sqlite": 2_000}
 #: Ordered channels among the messages, and how many messages each has.
 CHANNELS, PER_CHANNEL = 5, 40
 
