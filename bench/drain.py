@@ -191,6 +191,8 @@ def limit_statement(engine: Any, batch: int) -> str:
         f"array_fill(1, ARRAY[{n}])",
         f"array_fill(NULL::TEXT, ARRAY[{n}])",
         f"array_fill(1, ARRAY[{n}])",  # keep: archive every row
+        f"array_fill(NULL::BYTEA, ARRAY[{n}])",  # results: none kept
+        f"array_fill(0, ARRAY[{n}])",  # answers: no caller waits
     ])
     last = ("SELECT id FROM archived UNION ALL SELECT id FROM done WHERE keep = 0\n"
             "UNION ALL SELECT id FROM moved")
