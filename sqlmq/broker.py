@@ -43,6 +43,16 @@ if TYPE_CHECKING:
 LISTEN_WAIT = 5.0
 
 
+async def _listening(source: WakeSource | None) -> None:
+    """Until ``source`` hears notifications (a publish committed after this returns wakes
+    the subscribers at once, not at their next poll), for ``LISTEN_WAIT`` at most: a
+    listener that cannot connect logs why and retries, and the polls cover meanwhile."""
+    if source is not None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LISTEN_WAIT):
+                await source.listening()
+
+
 class Broker(Publisher, Results, Scheduling, Administration, Operations):
     """A message broker on a database you already run.
 
@@ -234,13 +244,7 @@ class Broker(Publisher, Results, Scheduling, Administration, Operations):
             self._recovery = LeaseRecovery(self._engine, self._recovery_every,
                                            self.recovery_spread, self._wakeups.wake_all)
             self._recovery.start()
-        if self.listener is not None:
-            # A publish committed once start() returns wakes the subscribers by its
-            # notification, not by their next poll. Bounded: a listener that cannot connect
-            # logs why and retries, and the polls cover for it meanwhile.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(LISTEN_WAIT):
-                    await self.listener.listening()
+        await _listening(self.listener)  # a publish from now on wakes by its notification
         if self._heartbeat is not None:  # listed in workers() once start() returns
             await self._heartbeat.first_beat()
         if self._schedules:
