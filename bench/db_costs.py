@@ -64,9 +64,12 @@ def fresh_database(name: str) -> Iterator[str]:
 
 
 def postmaster_pid() -> int:
-    (pid,) = sql("SELECT pg_backend_pid()")[0]
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    """The parent of a backend, read while its connection is open (closed, the backend
+    may be gone before its /proc entry is read)."""
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        (pid,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def _ticks(pid: int) -> int | None:
