@@ -95,12 +95,13 @@ async def test_rolled_back_outbox_publish_delivers_nothing_and_connection_goes_o
 
 
 async def _start_listening(broker: Broker, handled: list[int]) -> Listener:
-    """Subscribe and start: the broker's LISTEN connection is up once start() returns."""
+    """Subscribe, start, and wait until the broker's LISTEN connection is up (start()
+    waits for it, but only so long: a loaded machine may take longer)."""
     _subscribe(broker, handled)
     await broker.start()
     listener = broker.listener
     assert listener is not None
-    assert listener.connected.is_set()
+    await wait_until(listener.connected.is_set, message="the LISTEN connection")
     return listener
 
 
@@ -119,7 +120,10 @@ async def test_start_returns_once_its_listener_hears_notifications(
         await listen_once(self, backoff)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Listener, "_listen_once", slow)
-    listener = await _start_listening(broker, [])
+    _subscribe(broker, [])
+    await broker.start()
+    listener = broker.listener
+    assert listener is not None and listener.connected.is_set()
     async with broker.db.connect() as conn:
         raw = await conn.get_raw_connection()
         listening = await raw.driver_connection.fetchval(
