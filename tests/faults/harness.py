@@ -413,6 +413,17 @@ class Outcome:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    def assert_each_completed_once(self) -> None:
+        """Every published message archived COMPLETED once, nothing left or lost, and no
+        run without a delivery of its own behind it."""
+        assert (self.archived, self.left, self.lost, self.double_archived) == (
+            self.published, 0, 0, 0)
+        assert self.completed == self.published
+        assert self.completed_never_executed == 0
+        assert self.duplicates_without_redelivery == 0
+        assert self.executions_beyond_deliveries == 0
+        assert self.delivery_executed_twice == 0
+
 
 def outcome(tables: Tables, published: list[int], log_dir: Path,
             queue: str | None = None) -> Outcome:
