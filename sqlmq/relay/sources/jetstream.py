@@ -22,6 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from ...errors import ConfigurationError
 from ..source import FarMessage, SourceOptions, SourceUnavailable, text_headers
 from ..urls import BrokerURL
+from . import describe
 
 log = logging.getLogger("sqlmq")
 
@@ -61,7 +62,7 @@ class JetStreamSource:
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             self._nc = None
             raise SourceUnavailable(f"cannot connect to NATS at {self.url.safe}: "
-                                    f"{_describe(nc.last_error or exc)}") from None
+                                    f"{describe(nc.last_error or exc)}") from None
         nc.options.update(max_reconnect_attempts=-1, reconnect_time_wait=2.0)
         try:
             return await self._bind()
@@ -94,7 +95,7 @@ class JetStreamSource:
     async def _error(self, exc: Exception) -> None:
         # a lost connection is the inbox's to log (once per incident), not each retry's
         log.log(logging.DEBUG if isinstance(exc, OSError | TimeoutError) else logging.WARNING,
-                "inbox from %s: %s", self.shown, _describe(exc))
+                "inbox from %s: %s", self.shown, describe(exc))
 
     async def _quiet(self) -> None:
         return None
@@ -129,11 +130,6 @@ class JetStreamSource:
                 await nc.close()
             except Exception:  # already broken: nothing to release
                 pass
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
 
 
 __all__ = ["MSG_ID", "JetStreamSource"]

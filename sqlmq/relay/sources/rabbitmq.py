@@ -18,6 +18,7 @@ import aiormq
 from ...errors import ConfigurationError
 from ..source import FarMessage, SourceOptions, SourceUnavailable, text_headers
 from ..urls import BrokerURL
+from . import describe
 
 
 class RabbitMQSource:
@@ -108,8 +109,7 @@ class RabbitMQSource:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "no answer in time"
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+    return describe(exc)
 
 
 __all__ = ["RabbitMQSource"]

@@ -25,6 +25,7 @@ from redis.asyncio import from_url
 from ...errors import ConfigurationError
 from ..source import FarMessage, SourceOptions, SourceUnavailable, text_headers
 from ..urls import BrokerURL
+from . import describe
 
 log = logging.getLogger("sqlmq")
 
@@ -66,7 +67,7 @@ class RedisStreamSource:
         except (OSError, redis_errors.RedisError) as exc:
             await self.close()
             raise SourceUnavailable(f"cannot connect to Redis at {self.url.safe}: "
-                                    f"{_describe(exc)}") from None
+                                    f"{describe(exc)}") from None
         self._own, self._claim_from, self._next_claim = "0", "0-0", 0.0
         return f"redis:{self.url.path or '0'}/{self.stream}/{self.group}"
 
@@ -152,11 +153,6 @@ class RedisStreamSource:
                 await client.aclose()
             except Exception:  # already broken: nothing to release
                 pass
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
 
 
 __all__ = ["BODY_FIELD", "RedisStreamSource"]
