@@ -76,6 +76,37 @@ async def test_a_task_cancelled_inside_a_statement_ends_cancelled_and_frees_the_
     await asyncio.to_thread(_take_write_lock, broker.db.url.database)
 
 
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+async def test_a_task_cancelled_between_a_statements_first_row_and_the_rest_frees_the_write_lock(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The statement has run and holds its first row when the cancellation lands (its cursor
+    is kept alive by the traceback). ``sqlite3_interrupt`` then would set a flag that SQLite
+    clears only once no statement is active, so the rollback itself was interrupted and the
+    connection closed as a zombie that held the write lock until its cursor was collected."""
+    import aiosqlite
+
+    reached = asyncio.Event()
+
+    async def stalled(self: aiosqlite.Cursor) -> list[object]:
+        reached.set()
+        await asyncio.Event().wait()
+        return []
+
+    async def fetch() -> None:
+        async with broker.db.begin() as conn:
+            await conn.execute(text("SELECT 1 UNION ALL SELECT 2"))
+
+    monkeypatch.setattr(aiosqlite.Cursor, "fetchall", stalled)
+    task = asyncio.create_task(fetch())
+    await reached.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    monkeypatch.undo()
+    await asyncio.to_thread(_take_write_lock, broker.db.url.database)
+
+
 def _take_write_lock(path: str | None) -> None:
     assert path
     other = sqlite3.connect(path, timeout=5, isolation_level=None)

@@ -44,13 +44,15 @@ def prepare_sqlite(engine: SyncEngine) -> None:
     event.listen(engine, "reset", _roll_back_if_open)
 
     @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection: Any, _record: Any) -> None:
+    def _connect(dbapi_connection: Any, record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         _use_wal(cursor, engine.dialect.is_async)
         cursor.execute(BUSY_WAIT)
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
+        if engine.dialect.is_async:
+            _let_statements_be_cut_short(record)
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
@@ -357,6 +359,25 @@ async def write_turn(engine: AsyncEngine) -> AsyncIterator[None]:
         lock.release()
 
 
+#: Where a connection keeps the flag its progress handler reads, and how many of SQLite's
+#: VM instructions run between two reads: each read takes the GIL, so only statements
+#: longer than a few milliseconds make any.
+_CUT_SHORT = "sqlmq_cut_short"
+_READ_EVERY = 1_000_000
+
+
+def _let_statements_be_cut_short(record: Any) -> None:
+    """A progress handler that aborts the connection's running statement once its flag is
+    set. ``sqlite3_interrupt`` would do that too, but its flag stays set until no statement
+    of the connection is active: with one stepped and not yet reset (a cursor holding rows
+    nobody will read), the ROLLBACK that follows fails as "interrupted" as well. The
+    handler's flag is cleared by whoever set it."""
+    from sqlalchemy.util import await_only
+
+    flag = record.info[_CUT_SHORT] = [False]
+    await_only(record.driver_connection.set_progress_handler(lambda: flag[0], _READ_EVERY))
+
+
 def _end_transaction_cut_short(_dbapi_conn: Any, record: Any, *_args: Any) -> None:
     """Roll back the transaction of a connection SQLAlchemy is about to throw away.
 
@@ -365,10 +386,12 @@ def _end_transaction_cut_short(_dbapi_conn: Any, record: Any, *_args: Any) -> No
     not yet finalized only turns the connection into a zombie that keeps its transaction,
     and so the database's write lock, until the garbage collector frees the cursor: every
     other writer, in any process, waited on the busy timeout meanwhile. So the statement is
-    interrupted and the transaction rolled back first, on the connection's own thread,
+    cut short and the transaction rolled back first, on the connection's own thread,
     shielded from a second cancellation. Outside SQLAlchemy's greenlet the rollback runs as
-    a task of its own; with no event loop (a connection collected as garbage) nothing can
-    run on the connection's thread any more."""
+    a task of its own and SQLAlchemy's close may reach the thread first (the statement is
+    cut short all the same, and a close rolls back a transaction whose statements are all
+    finished); with no event loop (a connection collected as garbage) nothing can run on
+    the connection's thread any more."""
     from sqlalchemy.exc import MissingGreenlet
     from sqlalchemy.util import await_only
 
@@ -379,7 +402,10 @@ def _end_transaction_cut_short(_dbapi_conn: Any, record: Any, *_args: Any) -> No
         return
     if driver is None:
         return
-    rollback = loop.create_task(_roll_back_quietly(driver))
+    cut_short = record.info.get(_CUT_SHORT)
+    if cut_short is not None:
+        cut_short[0] = True
+    rollback = loop.create_task(_roll_back_quietly(driver, cut_short))
     try:
         await_only(asyncio.shield(rollback))
     except MissingGreenlet:
@@ -390,12 +416,17 @@ def _end_transaction_cut_short(_dbapi_conn: Any, record: Any, *_args: Any) -> No
 _ROLLBACKS: set[asyncio.Task[None]] = set()
 
 
-async def _roll_back_quietly(driver: Any) -> None:
-    # A connection invalidated because it is broken fails both; that is no news.
-    with contextlib.suppress(Exception):
-        await driver.interrupt()
-    with contextlib.suppress(Exception):
-        await driver.rollback()
+async def _roll_back_quietly(driver: Any, cut_short: list[bool] | None) -> None:
+    """Roll back once the driver's thread is free, the running statement cut short. The
+    ROLLBACK itself is far shorter than the progress handler's period, so the flag, still
+    set while it runs, cannot abort it."""
+    try:
+        # A connection invalidated because it is broken fails; that is no news.
+        with contextlib.suppress(Exception):
+            await driver.rollback()
+    finally:
+        if cut_short is not None:
+            cut_short[0] = False
 
 
 def _give_back_write_turn(_dbapi_conn: Any, record: Any, *_args: Any) -> None:
