@@ -179,6 +179,11 @@ async def ledger_size(broker: Any) -> int:
             select(func.count()).select_from(broker.schema.inbox_seen))).scalar_one()
 
 
+#: What an inbox process logs once it runs, its signal handlers in place
+#: (:meth:`sqlmq.relay.inbox.Inbox.run` logs it; ``sqlmq inbox`` set them before).
+STARTED = " started (ledger source "
+
+
 async def kill_while_taking(command: list[str], broker: Any, n: int, kills: int,
                             step: tuple[int, int], log_path: Any) -> None:
     """Run ``command`` (a process taking far messages into ``broker``'s database) and
@@ -210,7 +215,13 @@ async def kill_while_taking(command: list[str], broker: Any, n: int, kills: int,
         async def all_taken() -> bool:
             return await ledger_size(broker) >= n
 
+        def running() -> bool:  # its signal handlers are in place once it says so
+            return proc.poll() is not None or open(log_path).read().count(STARTED) > kills
+
         await wait_until(all_taken, timeout=120, message=f"{n} messages in the ledger")
+        # The last killed process may have taken the last messages: this one is then still
+        # starting, and a SIGTERM before its handlers exist ended it with -15.
+        await wait_until(running, timeout=60, message="the last process started")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, open(log_path).read()
 
