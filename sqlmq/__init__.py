@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         SqlmqError,
         UnknownGroup,
         UnknownMessage,
+        UnknownWorkflow,
         UnstorableResult,
     )
     from .insights import ArchivePage, Insights, Latency, QueueDetail, QueueOverview
@@ -73,6 +74,14 @@ if TYPE_CHECKING:
     from .topics import TopicGroup, group_queue
     from .tracing import TracingMiddleware
     from .views import ArchiveQuery, MessageView, WindowCount
+    from .workflows import (
+        Dependency,
+        OnFailure,
+        StepStatus,
+        Workflow,
+        WorkflowStatus,
+        WorkflowSummary,
+    )
 
 
 #: Where the names of ``__all__`` come from, searched in this order on first use.
@@ -97,6 +106,7 @@ _MODULES = (
     ".topics",
     ".tracing",
     ".views",
+    ".workflows",
     ".broker",  # it imports most of the names above from where they live
     ".relay.inbox",  # none of the far brokers' clients until an inbox runs
     ".relay.relay",  # none of the far brokers' clients until a relay is made
@@ -139,6 +149,7 @@ __all__ = [
     "DeadLetter",
     "DecodeError",
     "Delivery",
+    "Dependency",
     "EncodeError",
     "Engine",
     "HandlerSignatureError",
@@ -153,6 +164,7 @@ __all__ = [
     "Middleware",
     "MiddlewareError",
     "NoResult",
+    "OnFailure",
     "Outcome",
     "PausedQueue",
     "PayloadTooLarge",
@@ -179,13 +191,18 @@ __all__ = [
     "Settlement",
     "SqlmqError",
     "State",
+    "StepStatus",
     "TopicGroup",
     "TracingMiddleware",
     "UnknownGroup",
     "UnknownMessage",
+    "UnknownWorkflow",
     "UnstorableResult",
     "WindowCount",
     "WorkerInfo",
+    "Workflow",
+    "WorkflowStatus",
+    "WorkflowSummary",
     "archive_table",
     "build_schema",
     "decode",

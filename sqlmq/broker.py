@@ -34,6 +34,7 @@ from .schema import DEFAULT_MAX_PAYLOAD, DEFAULT_PREFIX, Schema, build_schema
 from .subscriber import HandlerAdapter, Subscriber, SubscriberConfig
 from .topics import subscription
 from .wakeups import Wakeups
+from .workflows.api import Workflows
 
 if TYPE_CHECKING:
     from .maintenance import Retention
@@ -53,7 +54,7 @@ async def _listening(source: WakeSource | None) -> None:
                 await source.listening()
 
 
-class Broker(Publisher, Results, Scheduling, Administration, Operations):
+class Broker(Publisher, Results, Scheduling, Administration, Operations, Workflows):
     """A message broker on a database you already run.
 
     ``target`` is a URL (``postgresql://…``, ``mysql://…``/``mariadb://…``,

@@ -22,6 +22,10 @@ class UnknownGroup(SqlmqError, LookupError):
     """A consumer group of a topic that does not exist."""
 
 
+class UnknownWorkflow(SqlmqError, LookupError):
+    """A workflow name that no publish used (see :mod:`sqlmq.workflows`)."""
+
+
 class PublishError(SqlmqError, ValueError):
     """A message that cannot be published as given; nothing was written."""
 

@@ -48,6 +48,7 @@ class State(StrEnum):
     FAILED = "FAILED"
     EXPIRED = "EXPIRED"  # acquired after its ``expires_at``: archived without running
     CANCELLED = "CANCELLED"  # Broker.cancel: never delivered, or its result given up
+    WAITING = "WAITING"  # a workflow's step whose dependencies have not all ended
 
 
 class AckPolicy(StrEnum):
@@ -224,6 +225,9 @@ class Settlement:
     #: A caller may be waiting for this message's ending (``Broker.result``): the settle
     #: announces it where the database can (PostgreSQL's NOTIFY, in its transaction).
     answers: bool = False
+    #: It is a workflow's step: an ending it writes releases or cancels the steps that wait
+    #: on it, in the settle's transaction (see :mod:`sqlmq.workflows`).
+    step: bool = False
 
 
 def decide(d: Delivered, policy: Policy, error: BaseException | None = None,

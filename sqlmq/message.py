@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Generator
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .codec import CONTENT_TYPE, TOPIC_HEADER, decode, decode_state, encode_state
 from .errors import AlreadySettled
 from .lifecycle import Decision
 from .records import Delivery
 from .retry import MAX_DELAY
+
+if TYPE_CHECKING:
+    from .workflows.records import Dependency
+
+#: The headers of a workflow's step (:mod:`sqlmq.workflows.records`, which imports what
+#: imports this module).
+_WORKFLOW_HEADER, _STEP_HEADER = "sqlmq-workflow", "sqlmq-step"
 
 _UNSET: Any = object()
 _KEEP: Any = object()  # defer(): keep the state saved before
@@ -23,6 +30,10 @@ class LeaseHandle(Protocol):
 
     async def extend(self, delivery: Delivery, seconds: float) -> bool:
         """Push ``delivery``'s lease to now + ``seconds``; False if it was lost already."""
+        ...
+
+    async def dependencies(self, delivery: Delivery) -> list[Dependency]:
+        """The dependencies of workflow step ``delivery`` as they ended."""
         ...
 
 
@@ -189,6 +200,26 @@ class Message:
         if self._lease is None:
             raise RuntimeError("this message is not held by a running subscriber")
         return await self._lease.extend(self._delivery, seconds)
+
+    async def dependencies(self) -> dict[str, Dependency]:
+        """The steps this workflow step waited for, by step name, each with its ending and
+        its handler's result (``dep.result``, ``dep.ok``, ``dep.state``, ``dep.error``); empty
+        for a message that is not a step or waited for nothing. Read when called: one query."""
+        if _WORKFLOW_HEADER not in self._delivery.headers:
+            return {}
+        if self._lease is None:
+            raise RuntimeError("this message is not held by a running subscriber")
+        return {d.name: d for d in await self._lease.dependencies(self._delivery)}
+
+    @property
+    def workflow(self) -> str | None:
+        """The workflow this message is a step of (None: none)."""
+        return self._delivery.headers.get(_WORKFLOW_HEADER)
+
+    @property
+    def step(self) -> str | None:
+        """Its step's name in its workflow (None: not a step)."""
+        return self._delivery.headers.get(_STEP_HEADER)
 
     def __repr__(self) -> str:
         return (f"<Message id={self.id} queue={self.queue!r} deliveries={self.deliveries} "

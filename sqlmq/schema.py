@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 22
+SCHEMA_VERSION = 23
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -374,6 +374,10 @@ class Schema:
     #: The far messages the inbox has taken, by source and key (schema version 21; see
     #: :mod:`sqlmq.relay.ledger`).
     inbox_seen: Table
+    #: Workflows' steps and what each waits for (schema version 23; see
+    #: :mod:`sqlmq.workflows`).
+    step: Table
+    step_need: Table
 
     @property
     def tables(self) -> list[Table]:
@@ -465,7 +469,48 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md),
                   _topic_group(prefix, md), *_schedule_tables(prefix, md),
                   *_channel_tables(prefix, md), *_operations_tables(prefix, md),
-                  _inbox_seen(prefix, md))
+                  _inbox_seen(prefix, md), *_workflow_tables(prefix, md))
+
+
+def _workflow_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
+    """Schema version 23: a workflow's steps (see :mod:`sqlmq.workflows`).
+
+    ``step``: a row per step, keyed by its message's id, named in its workflow. A step
+    that waits for others is a message row in state WAITING, out of every acquire's reach
+    (no due time, no channel); its row here keeps what its publish would have set (its
+    channel, its delay or moment) and how many of its dependencies have still to end
+    (``waiting``). ``status``: WAITING, RELEASED (its message was published, at once or
+    when its last dependency ended) or CANCELLED (a dependency failed). ``step_need``: an
+    edge per dependency, keyed by the dependency first: a settle looks up what waits on
+    the messages it ended."""
+    name = f"{prefix}step"
+    step = Table(
+        name,
+        md,
+        Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+               autoincrement=False),
+        Column("workflow", QueueName(), nullable=False),
+        Column("name", QueueName(), nullable=False),
+        Column("queue", QueueName(), nullable=False),
+        Column("channel", QueueName()),
+        Column("delay_seconds", Float),
+        Column("due_at", UTCDateTime()),
+        Column("waiting", Integer, nullable=False),
+        Column("on_failure", String(10), nullable=False),
+        Column("status", String(10), nullable=False),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Index(f"ux_{name}_name", "workflow", "name", unique=True),
+    )
+    need = Table(
+        f"{prefix}step_need",
+        md,
+        Column("needs", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+               autoincrement=False),
+        Column("step", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+               autoincrement=False),
+        Index(f"ix_{prefix}step_need_step", "step"),
+    )
+    return step, need
 
 
 #: The longest host name a worker row keeps (characters; longer ones are cut).

@@ -172,6 +172,30 @@ async def test_snippet_runs(snippet: Snippet, db_url: str, prefix: str, tmp_path
         drop_tables(db_url, prefix)
 
 
+#: The endings each workflow of the docs' blocks comes to, by step.
+WORKFLOW_ENDINGS = {
+    "order-7": {"charge": "COMPLETED", "ship": "COMPLETED", "email": "COMPLETED"},
+    "order-8": {"charge": "FAILED", "ship": "CANCELLED", "release-stock": "COMPLETED"},
+    "nightly": {"export": "CANCELLED", "report": "CANCELLED"},
+    "invoice-12": {"render": "PENDING", "send": "WAITING"},
+    "album-3": {"resize": "COMPLETED", "resize-2": "COMPLETED", "resize-3": "COMPLETED",
+                "album": "COMPLETED"},
+}
+
+
+async def workflows_as_told(broker: Broker, snippet: Snippet) -> None:
+    """Each workflow a block publishes ends as the docs say it does."""
+    names = [w.name for w in await broker.workflows()]
+    assert names, f"{snippet} published no workflow"
+    for name in names:
+        for _ in range(1000):
+            got = {s.name: s.state for s in (await broker.workflow_status(name)).steps}
+            if got == WORKFLOW_ENDINGS[name]:
+                break
+            await asyncio.sleep(0.02)
+        assert got == WORKFLOW_ENDINGS[name], f"{snippet}: workflow {name}: {got}"
+
+
 async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
     """What each block promises, beyond running."""
     broker: Broker = namespace["broker"]
@@ -195,6 +219,8 @@ async def check(snippet: Snippet, namespace: dict[str, Any]) -> None:
         assert namespace["invoices"] == [{"order": 1, "due": 12.0}]
         states = sorted(r["state"] for r in await rows(broker, "archive", queue="orders"))
         assert states == ["COMPLETED", "COMPLETED"]
+    elif "broker.workflow(" in snippet.code:  # docs/workflows.md, README: as told
+        await workflows_as_told(broker, snippet)
     elif "beats.append" in snippet.code:  # docs/scheduling.md: a message per tick
         ticks = await published_ticks(broker, "heartbeat")
         step = timedelta(seconds=0.2)  # (a late round may skip a tick: catch_up="latest")

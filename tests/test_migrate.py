@@ -11,7 +11,7 @@ from sqlalchemy import Index, MetaData, Table, delete, func, inspect, select
 from sqlmq import SCHEMA_VERSION, Broker, Message, SchemaError
 from sqlmq.channels import TURN_QUANTUM
 from sqlmq.lifecycle import Outcome
-from sqlmq.records import Delivery, Settlement
+from sqlmq.records import Delivery, NewMessages, Settlement
 
 from .conftest import drop_tables, rows
 
@@ -169,7 +169,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 22
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 23
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -276,7 +276,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 22
+        assert await broker.migrate() == SCHEMA_VERSION == 23
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -313,7 +313,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 22
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 23
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -359,7 +359,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 22
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 23
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -402,7 +402,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 22
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 23
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -535,7 +535,7 @@ async def _migrated_from(broker: Broker, version: int, *changes: Any) -> None:
                            .where(broker.schema.version.c.version >= version))
     with pytest.raises(SchemaError, match=f"version {version - 1}"):
         await broker.check_schema()
-    assert await broker.migrate() == SCHEMA_VERSION == 22
+    assert await broker.migrate() == SCHEMA_VERSION == 23
 
 
 async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
@@ -747,6 +747,33 @@ async def test_version_22_adds_the_archives_result_to_a_version_21_schema(
         found = {r["id"]: r for r in await rows(broker, "archive")}
         assert found[old]["result"] is None and found[old]["payload"] == b"before"
         assert decode_state(found[new]["result"]) == "thumb"
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_23_adds_the_workflow_tables_to_a_version_22_schema(
+        db_url: str, prefix: str) -> None:
+    """A version-22 schema has no step tables: the migration makes them, the messages
+    already there untouched, and a workflow published afterwards runs its steps in turn."""
+    from sqlmq.workflows.records import STEP_HEADER, WORKFLOW_HEADER, StepSpec
+
+    broker = Broker(db_url, table_prefix=prefix)
+    try:
+        await broker.migrate()
+        (old,) = await broker.publish_batch("q", [b"before"])
+        await _migrated_from(broker, 23, f"DROP TABLE {broker.schema.step_need.name}",
+                             f"DROP TABLE {broker.schema.step.name}")
+        headers = {WORKFLOW_HEADER: "w", STEP_HEADER: "a"}
+        a, b = await broker.engine.publish_workflow("w", [
+            StepSpec("a", NewMessages("q", [b"a"], [headers])),
+            StepSpec("b", NewMessages("q", [b"b"], [{**headers, STEP_HEADER: "b"}]), [0])])
+        got = await broker.engine.acquire(["q"], 10, 30)
+        assert sorted(d.id for d in got) == [old, a]
+        step = next(d for d in got if d.id == a)
+        assert await broker.engine.settle(
+            [Settlement(a, step.deliveries, Outcome.COMPLETE, step=True)]) == {a}
+        assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [b]
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

@@ -10,6 +10,7 @@ from typing import Any
 from ..codec import encode_state
 from ..errors import UnstorableResult
 from ..lifecycle import Outcome, Settlement, error_text
+from ..workflows.records import WORKFLOW_HEADER
 
 log = logging.getLogger("sqlmq")
 
@@ -67,8 +68,9 @@ _ENDING = frozenset(o for o in Outcome if o.archives) | {Outcome.DEFER}
 
 class Announcer:
     """Marks the settlements a caller may be waiting for (``Settlement.answers``): every
-    ending of a subscriber that keeps results, and of a message a caller awaits. Warns once
-    per subscriber that takes awaited messages without keeping results."""
+    ending of a subscriber that keeps results, and of a message a caller awaits; and the
+    endings of workflows' steps (``Settlement.step``). Warns once per subscriber that takes
+    awaited messages without keeping results."""
 
     def __init__(self, results: bool, handler: str) -> None:
         self.results = results
@@ -78,6 +80,11 @@ class Announcer:
     def mark(self, s: Settlement, headers: Mapping[str, str]) -> None:
         if s.outcome not in _ENDING:
             return
+        if WORKFLOW_HEADER in headers:
+            # A workflow's step: its ending releases or cancels the steps that wait on it,
+            # and they, and its status, read it in the archive.
+            s.step = True
+            s.keep = True
         if self.results:
             s.answers = True
         elif awaited(headers):

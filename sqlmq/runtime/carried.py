@@ -22,6 +22,7 @@ from ..middleware import MiddlewareError
 from ..pipeline import onward, onward_each
 from ..records import Delivery, NewMessages
 from ..results.keeping import kept, kept_each
+from ..workflows.records import WORKFLOW_HEADER
 
 if TYPE_CHECKING:
     from ..message import Message
@@ -56,7 +57,7 @@ def carried(d: Delivery, cfg: SubscriberConfig, handler: str, error: BaseExcepti
             error, decision = exc, None
             settlement = decide(d, cfg, error)
             completed = False
-    if cfg.results and completed:
+    if completed and (cfg.results or WORKFLOW_HEADER in d.headers):  # a step's is read
         try:
             settlement.result = kept(result, cfg.max_payload_bytes, handler, d.id)
         except UnstorableResult as exc:

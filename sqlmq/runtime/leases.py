@@ -17,6 +17,7 @@ from .lease_deadlines import Key, LeaseDeadlines
 if TYPE_CHECKING:
     from ..engines.contract import Engine
     from ..subscriber import SubscriberConfig
+    from ..workflows.records import Dependency
 
 log = logging.getLogger("sqlmq")
 
@@ -185,6 +186,10 @@ class LeaseKeeper:
             flagged = await self.engine.cancel_requests([i for i, _ in chunk])
             if flagged:
                 self.holdings.flag_cancel(flagged)
+
+    async def dependencies(self, d: Delivery) -> list[Dependency]:
+        """The dependencies of workflow step ``d`` as they ended (``Message.dependencies``)."""
+        return await self.engine.dependencies(d.id)
 
     async def extend(self, d: Delivery, seconds: float) -> bool:
         """Push ``d``'s lease to now + ``seconds`` (``Message.extend``); False if lost."""

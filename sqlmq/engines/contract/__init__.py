@@ -37,6 +37,7 @@ from ...schema import Schema
 from .operations import OperationsContract
 from .results import AnswerSource, ResultsContract
 from .topics import TopicsContract
+from .workflows import WorkflowsContract
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -73,7 +74,8 @@ class DeadLetterSource(Protocol):
 
 
 @runtime_checkable
-class Engine(OperationsContract, ResultsContract, TopicsContract, Protocol):
+class Engine(OperationsContract, ResultsContract, TopicsContract, WorkflowsContract,
+             Protocol):
     """What the broker, the runtime and the edges need from a database."""
 
     schema: Schema

@@ -59,16 +59,17 @@ class MemoryChannels:
         return self.defaults.get(ch.queue, NO_LIMITS)
 
     def admit(self, name: str, queue: str, adding: int, rows: Iterable[Any],
-              now: datetime) -> Turns | None:
+              now: datetime, refuse: bool = True) -> Turns | None:
         """Make channel ``name`` if need be; refuse ``adding`` more messages (a publish's,
         a requeue's) if they would exceed its ``max_size`` (``rows``: the table's rows);
         else, without limits, give them their turns (None: a channel with limits; see
-        :mod:`sqlmq.channels`)."""
+        :mod:`sqlmq.channels`). ``refuse`` False: whatever the ``max_size`` (as
+        :func:`..sql.room.room_flow`)."""
         ch = self.channels.get(name)
         if ch is None:
             ch = self.channels[name] = ChannelRow(name, queue, created_at=now)
         settings = self.effective(ch)
-        if settings.max_size is not None:
+        if refuse and settings.max_size is not None:
             check_size(name, sum(1 for r in rows if r.channel == name), adding,
                        settings.max_size)
         if settings.limited:

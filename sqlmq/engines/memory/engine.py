@@ -31,7 +31,6 @@ from sqlalchemy.orm import Session
 from ...channels import Turns, freed_slots
 from ...commit_hooks import on_commit
 from ...dead_letters import DeadLetterNotice
-from ...errors import PublishError
 from ...lifecycle import Outcome, State, records_ending
 from ...records import (
     HISTORY_LIMIT,
@@ -51,13 +50,14 @@ from ...records import (
 from ...schedules import ScheduleInfo
 from ...schema import SCHEMA_VERSION, Schema
 from ...topics import TopicGroup, group_queue, queues_for
-from ..sql.drivers import DriverConnection
 from ..sql.settle_onward import outputs_of
 from .channels import MemoryChannelAdmin, MemoryChannels
 from .insights import MemoryInsights
 from .operations import MemoryOperations
 from .results import MemoryResults
 from .schedules import MemorySchedules
+from .transactions import begin_callers, transaction_owner
+from .workflows import MemoryWorkflowCalls, MemoryWorkflows
 
 Clock = Callable[[], datetime]
 
@@ -491,7 +491,7 @@ def _requeued_key(turns: Turns | None, priority: int) -> int | None:
 
 
 class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChannelAdmin,
-                   MemoryResults):
+                   MemoryResults, MemoryWorkflowCalls):
     """The engine contract in this process's memory, thread-safe (``publish_sync`` may run
     on another thread than the subscribers' loop)."""
 
@@ -503,6 +503,7 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
         self.clock: Clock = clock or real_time
         self._offset = timedelta()
         self._store = MemoryStore()
+        self._workflows = MemoryWorkflows()
         self._lock = threading.Lock()
         self._writes = 0  # what commit_counter() reads: bumped by every change
 
@@ -526,7 +527,7 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
 
     async def publish(self, messages: NewMessages,
                       executor: AsyncConnection | AsyncSession | None = None) -> list[int]:
-        await _begin(executor)
+        await begin_callers(executor)
         return self.publish_sync(messages, executor)
 
     def publish_sync(self, messages: NewMessages,
@@ -540,7 +541,7 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
     async def publish_topic(self, topic: str, messages: NewMessages,
                             executor: AsyncConnection | AsyncSession | None = None,
                             ) -> dict[str, list[int]]:
-        await _begin(executor)
+        await begin_callers(executor)
         return self.publish_topic_sync(topic, messages, executor)
 
     def publish_topic_sync(self, topic: str, messages: NewMessages,
@@ -560,7 +561,7 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
                  executor: Connection | Session | AsyncConnection | AsyncSession | None,
                  ) -> list[list[int]]:
         """Publish what ``batches()`` (called under the lock) returns, all in one go."""
-        target = None if executor is None else _transaction_owner(executor)
+        target = None if executor is None else transaction_owner(executor)
         with self._lock:
             now = self._now()
             made = [self._store.new_rows(b, now) for b in batches()]
@@ -643,6 +644,7 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
             applied = store.settle(settlements, now)
             for batch in outputs_of(settlements, applied):
                 store.add(store.new_rows(batch, now)[0])
+            self._steps_settled(settlements, applied, now)
             self._writes += bool(applied)
             freed = freed_slots(applied, slots)
             return applied, store.channels.pass_slots(
@@ -670,6 +672,8 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
     async def cancel(self, msg_id: int) -> Cancellation:
         with self._lock:
             found = self._store.cancel(msg_id, self._now())
+            if found.outcome == "cancelled":  # what waits on it, if it is a step
+                self._workflows.cancelled(self._store, msg_id, self._now())
             self._writes += found.outcome in ("cancelled", "requested")
             return found
 
@@ -737,37 +741,6 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
 
 # ---- the caller's transaction ---------------------------------------------------------------
 
-async def _begin(executor: Any) -> None:
-    """Begin the caller's AsyncConnection if it is not in a transaction, as an INSERT on it
-    would: the begin may need the event loop, which the synchronous half cannot use."""
-    if isinstance(executor, AsyncConnection) and not executor.in_transaction():
-        await executor.begin()
-
-
-def _transaction_owner(executor: Any) -> Connection | Session:
-    """The sync object whose events tell the commit, in a transaction by now: a row
-    inserted on a connection outside one would begin one (SQLAlchemy's autobegin), and a
-    commit of a connection that never began sends no event."""
-    if isinstance(executor, AsyncSession):
-        return executor.sync_session
-    if isinstance(executor, AsyncConnection):
-        executor = executor.sync_connection
-        if executor is None:
-            raise PublishError("the AsyncConnection given to publish() is not started")
-    if isinstance(executor, Connection):
-        if not executor.in_transaction():
-            executor.begin()
-        return executor
-    if isinstance(executor, Session):
-        return executor
-    if isinstance(executor, DriverConnection):
-        raise PublishError(
-            f"memory:// cannot follow the transaction of a {executor.NAME} connection: it "
-            "learns of a commit or a rollback from SQLAlchemy's events, which a driver's own "
-            "connection has none of; in tests on memory:// pass a SQLAlchemy Connection or "
-            "Session, or run them on the database itself")
-    raise PublishError(f"publish() takes a Connection, AsyncConnection, Session or "
-                       f"AsyncSession, got {type(executor).__name__}")
 
 
 __all__ = ["Archived", "MemoryEngine", "MemoryStore", "Row", "ready_key"]

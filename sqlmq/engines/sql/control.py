@@ -57,6 +57,8 @@ class ControlStatements:
     _dead_letter_statement: Callable[[int, int | None, str], Executable | None]
     #: Tells waiting callers that messages ended (see :mod:`.results`).
     _announce: Callable[[AsyncConnection, Sequence[int]], Awaitable[None]]
+    #: Ends a cancelled message as a workflow's step (see :mod:`.workflows`).
+    _cancelled_step: Callable[[AsyncConnection, int], Awaitable[None]]
 
     async def cancel(self, msg_id: int) -> Cancellation:
         m, a = self.schema.message, self.schema.archive
@@ -78,6 +80,7 @@ class ControlStatements:
                                      history_entry(row.deliveries_count, "cancelled"))
             await self._archive_cancelled(conn, msg_id, None, history)
             await self._announce(conn, [msg_id])  # a caller may wait for it (results)
+            await self._cancelled_step(conn, msg_id)  # what waits on it, if it is a step
             return Cancellation(msg_id, "cancelled", State.CANCELLED)
 
         return await self._transaction(work)

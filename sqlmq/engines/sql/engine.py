@@ -51,6 +51,7 @@ from .settle_onward import OnwardSettle
 from .slots import SlotPassing
 from .statements import names_for
 from .topics import TopicGroups
+from .workflows import WorkflowStatements
 
 log = logging.getLogger("sqlmq")
 
@@ -60,7 +61,7 @@ RETURNING = frozenset(o for o in Outcome if not o.archives)
 
 class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, ControlStatements,
                 ResultStatements, TopicGroups, ScheduleRegistry, ArchiveInsights,
-                OperationStatements, KeptConnections, DriverRuns):
+                OperationStatements, WorkflowStatements, KeptConnections, DriverRuns):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 

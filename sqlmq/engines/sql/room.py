@@ -150,7 +150,7 @@ def channel_flow(schema: Schema, dialect: Dialect, messages: NewMessages,
 
 
 def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
-              adding: int) -> Generator[Step, Any, Turns | None]:
+              adding: int, refuse: bool = True) -> Generator[Step, Any, Turns | None]:
     """Create channel ``name``'s row if need be and lock it (writers to one channel take
     turns, so its size bound and any count are exact), then refuse ``adding`` more
     messages with :class:`~sqlmq.errors.ChannelFull` if they would exceed its
@@ -160,7 +160,9 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
     without a lock: a stale one only places a channel that had nothing waiting a little
     early in the round. The queue's default is read under a shared lock, so that a change
     of it waits for this publish and then sees its rows
-    (:meth:`ChannelAdmin.set_channel_default`)."""
+    (:meth:`ChannelAdmin.set_channel_default`). ``refuse`` False: the messages enter
+    whatever the ``max_size`` (a workflow's step released when its dependencies ended,
+    which nothing could publish again later), counted in the size bound as any."""
     sql = room_statements(schema, dialect.name)
     params = {"p_name": name, "p_queue": queue}
     row = None if sql.make_first else (yield sql.found, params).one_or_none()
@@ -175,7 +177,11 @@ def room_flow(schema: Schema, dialect: Dialect, name: str, queue: str,
         settings = effective(row)
     else:
         settings = yield from default_flow(schema, dialect, row.queue)
-    bound = yield from _sized(sql, params, row.size_bound, adding, settings.max_size)
+    if refuse:
+        bound = yield from _sized(sql, params, row.size_bound, adding, settings.max_size)
+    else:
+        bound = (None if settings.max_size is None or row.size_bound is None
+                 else row.size_bound + adding)
     if settings.limited:
         if bound != row.size_bound:
             yield sql.bound, {**params, "p_bound": bound}

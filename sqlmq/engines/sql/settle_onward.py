@@ -19,6 +19,9 @@ writes it in the statement that archives the message, with its NOTIFY
 
 A DEFER or CANCEL settlement takes the same path: those are written by
 :mod:`sqlmq.engines.sql.control`'s statements in the transaction that settles the rest.
+So does a workflow's step: the steps waiting on the ones it ended are released or
+cancelled by :mod:`sqlmq.engines.sql.workflows` in that transaction, after the settle
+statements and only for the settlements they wrote.
 
 The settle statements are each engine's own (:meth:`OnwardSettle._settle_in`, the same
 statements as its one-transaction settle, in the given transaction); the outputs are
@@ -65,6 +68,10 @@ class OnwardSettle:
         async def _announce(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
             """The announcement of endings ``ids`` (:mod:`sqlmq.engines.sql.results`)."""
 
+        async def _steps_settled(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
+            """What the steps among ``ids`` that ended release or cancel
+            (:mod:`sqlmq.engines.sql.workflows`)."""
+
     #: Whether the engine's own settle statements keep results and announce endings
     #: (PostgreSQL's SETTLE: in the statement that archives); else this transaction does.
     SETTLE_KEEPS_RESULTS = False
@@ -90,6 +97,9 @@ class OnwardSettle:
             await self._announce(conn, sorted(
                 s.id for s in settlements
                 if s.answers and s.outcome in CONTROL_OUTCOMES and s.id in written))
+        steps = [s.id for s in settlements if s.step and s.id in written]
+        if steps:
+            await self._steps_settled(conn, steps)
         return written
 
     async def _settle_alone(self, settlements: Sequence[Settlement]) -> set[int]:
@@ -109,9 +119,9 @@ class OnwardSettle:
 
 def needs_onward(settlements: Sequence[Settlement], results: bool = True) -> bool:
     """Whether a batch takes the transaction above (outputs to publish, a DEFER or a
-    CANCEL, and with ``results`` a result to keep or an ending to announce) rather than an
-    engine's one-statement settle."""
-    return any(s.outputs is not None or s.outcome in CONTROL_OUTCOMES
+    CANCEL, a workflow's step, and with ``results`` a result to keep or an ending to
+    announce) rather than an engine's one-statement settle."""
+    return any(s.outputs is not None or s.outcome in CONTROL_OUTCOMES or s.step
                or (results and (s.answers or s.result is not None)) for s in settlements)
 
 

@@ -1,0 +1,305 @@
+"""Workflows on the SQL engines, in SQLAlchemy Core (schema version 23; see
+:mod:`sqlmq.workflows`).
+
+A step that waits is a message row in state WAITING with no due time and no channel, so no
+acquire reads it, and a row in the step table with what its publish would have set. The
+settle that ends a step's last dependency publishes it in its own transaction: the row
+becomes PENDING, due now or after its delay, in its channel (a turn taken as a publish
+takes one). Fencing comes with the settle: only the settlements its statements wrote end
+anything, so a stale delivery releases nothing. Concurrent settles of two dependencies of
+one step take the step's row lock in id order; the second sees the first's count.
+
+Publishing a workflow is a flow of statements (:mod:`.publish`), so that it runs in any
+transaction a publish runs in: sqlmq's own, a SQLAlchemy connection's or session's, a
+driver's connection, synchronous or not.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Float, Table, bindparam, case, func, literal, select, update
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Executable
+
+from ...errors import PublishError
+from ...lifecycle import State, history_entry
+from ...records import NewMessages
+from ...schema import Schema
+from ...sqltime import db_now_plus
+from ...workflows.graph import Waiter, next_level
+from ...workflows.records import Dependency, StepSpec, StepStatus, WorkflowSummary
+from .publish import Flow, publish_flow, run_flow
+from .room import room_flow
+
+#: The due time a waiting step's row is inserted with, taken off at once (a publish's
+#: insert needs one; no acquire reads a row without it).
+_PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
+_NOW = db_now_plus(literal(0.0))
+_RELEASED, _CANCELLED, _WAITING = "RELEASED", State.CANCELLED.value, State.WAITING.value
+
+
+class WorkflowStatements:
+    """The workflows half of the engine contract, and the release and cancellation of
+    waiting steps, for :class:`~.engine.SqlEngine`."""
+
+    schema: Schema
+    LOCK_FOR_REQUEUE: bool
+    _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
+    _run_core: Callable[..., Awaitable[Any]]
+    _run_core_sync: Callable[..., Any]
+    _publish_flow: Callable[[NewMessages], Callable[[Dialect], Flow]]
+    _queue_wake_statement: Callable[[str], Executable | None]
+    _saw_channels: Callable[[], None]
+    _saw_free_channel: Callable[[], None]
+    _archive_cancelled: Callable[..., Awaitable[None]]
+    _announce: Callable[[AsyncConnection, Sequence[int]], Awaitable[None]]
+
+    # ---- publishing -------------------------------------------------------------------------
+
+    async def publish_workflow(self, workflow: str, steps: Sequence[StepSpec],
+                               executor: Any = None) -> list[int]:
+        return await self._run_core(  # type: ignore[no-any-return]
+            lambda dialect: self._workflow_flow(workflow, steps, dialect),
+            steps[0].message, executor)
+
+    def publish_workflow_sync(self, workflow: str, steps: Sequence[StepSpec],
+                              executor: Any = None) -> list[int]:
+        return self._run_core_sync(  # type: ignore[no-any-return]
+            lambda dialect: self._workflow_flow(workflow, steps, dialect),
+            steps[0].message, executor)
+
+    def _workflow_flow(self, workflow: str, steps: Sequence[StepSpec],
+                       dialect: Dialect) -> Flow:
+        s, n, m = self.schema.step, self.schema.step_need, self.schema.message
+        taken = (yield select(s.c.id).where(s.c.workflow == workflow).limit(1), None).first()
+        if taken is not None:
+            raise PublishError(f"workflow {workflow!r} exists already: a workflow's name "
+                               f"names one publish")
+        ids: list[int] = []
+        for spec in steps:
+            if not spec.after:
+                (msg_id,) = yield from self._publish_flow(spec.message)(dialect)
+            else:
+                parked = replace(spec.message, delay=0.0, at=_PARKED_AT, channel=None)
+                (msg_id,) = yield from publish_flow(m, dialect, parked, None)
+                yield _park(m), {"p_id": msg_id}
+            ids.append(int(msg_id))
+        rows = [{"id": ids[i], "workflow": workflow, "name": spec.name,
+                 "queue": spec.message.queue, "channel": spec.message.channel,
+                 "delay_seconds": spec.message.delay, "due_at": spec.message.at,
+                 "waiting": len(spec.after), "on_failure": spec.on_failure.value,
+                 "status": _WAITING if spec.after else _RELEASED}
+                for i, spec in enumerate(steps)]
+        yield _insert_steps(s), rows
+        edges = [{"step": ids[i], "needs": ids[j]}
+                 for i, spec in enumerate(steps) for j in spec.after]
+        if edges:
+            yield n.insert(), edges
+        return ids
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    async def workflow_steps(self, workflow: str) -> list[StepStatus]:
+        s, n, m, a = (self.schema.step, self.schema.step_need, self.schema.message,
+                      self.schema.archive)
+
+        async def read(conn: AsyncConnection) -> list[StepStatus]:
+            steps = (await conn.execute(select(s).where(s.c.workflow == workflow)
+                                        .order_by(s.c.id))).all()
+            if not steps:
+                return []
+            ids = [r.id for r in steps]
+            names = {r.id: r.name for r in steps}
+            after: dict[int, list[str]] = {}
+            for step, needs in await conn.execute(select(n.c.step, n.c.needs)
+                                                  .where(n.c.step.in_(ids))):
+                after.setdefault(step, []).append(names.get(needs, str(needs)))
+            live = {r.id: r for r in await conn.execute(
+                select(m.c.id, m.c.state, m.c.attempts_count, m.c.last_error)
+                .where(m.c.id.in_(ids)))}
+            ended = {r.id: r for r in await conn.execute(
+                select(a.c.id, a.c.state, a.c.attempts_count, a.c.error, a.c.result)
+                .where(a.c.id.in_(ids)))}
+            out = []
+            for r in steps:
+                row, done = live.get(r.id), ended.get(r.id)
+                state = (done.state if done is not None else
+                         row.state if row is not None else "UNKNOWN")
+                out.append(StepStatus(
+                    r.name, r.id, r.queue, state, sorted(after.get(r.id, [])),
+                    (done or row).attempts_count if (done or row) is not None else 0,
+                    done.error if done is not None else (row.last_error if row else None),
+                    r.on_failure, done.result if done is not None else None))
+            return out
+
+        return await self._transaction(read)  # type: ignore[no-any-return]
+
+    async def workflows(self, limit: int) -> list[WorkflowSummary]:
+        s, a = self.schema.step, self.schema.archive
+        done = case((a.c.state == State.COMPLETED.value, 1), else_=0)
+        q = (select(s.c.workflow, func.count(), func.count(a.c.id), func.sum(done),
+                    func.min(s.c.created_at).label("created"))
+             .select_from(s.outerjoin(a, a.c.id == s.c.id))
+             .group_by(s.c.workflow).order_by(func.min(s.c.created_at).desc(),
+                                              s.c.workflow).limit(limit))
+
+        async def read(conn: AsyncConnection) -> list[WorkflowSummary]:
+            return [WorkflowSummary(w, int(total), int(ended), int(completed or 0), created)
+                    for w, total, ended, completed, created in await conn.execute(q)]
+
+        return await self._transaction(read)  # type: ignore[no-any-return]
+
+    async def dependencies(self, msg_id: int) -> list[Dependency]:
+        s, n, a = self.schema.step, self.schema.step_need, self.schema.archive
+        q = (select(n.c.needs, s.c.name, a.c.state, a.c.error, a.c.result)
+             .select_from(n.join(s, s.c.id == n.c.needs).outerjoin(a, a.c.id == n.c.needs))
+             .where(n.c.step == msg_id).order_by(n.c.needs))
+
+        async def read(conn: AsyncConnection) -> list[Dependency]:
+            return [Dependency(name, needs, state or "UNKNOWN", error, result)
+                    for needs, name, state, error, result in await conn.execute(q)]
+
+        return await self._transaction(read)  # type: ignore[no-any-return]
+
+    # ---- in a settle's or a cancel's transaction -----------------------------------------------
+
+    async def _steps_settled(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
+        """The steps among ``ids`` (written by this settle) that it ended, as the archive
+        now has them, release or cancel what waits on them."""
+        a = self.schema.archive
+        ended = dict((await conn.execute(select(a.c.id, a.c.state)
+                                         .where(a.c.id.in_(sorted(ids))))).all())
+        if ended:
+            await self._steps_ended(conn, ended)
+
+    async def _steps_ended(self, conn: AsyncConnection, ended: dict[int, str]) -> None:
+        """Messages ``ended`` (id to its final state) end as steps: each step waiting on
+        them counts down, is released at zero, or is cancelled by a failure, and the
+        cancelled end in turn, level by level."""
+        s, n, m = self.schema.step, self.schema.step_need, self.schema.message
+        while ended:
+            edges = (await conn.execute(select(n.c.step, n.c.needs)
+                                        .where(n.c.needs.in_(sorted(ended))))).all()
+            if not edges:
+                return
+            # Their messages' rows first, then theirs: the order a cancel takes them in.
+            rows = select(m.c.id).where(m.c.id.in_(sorted({e.step for e in edges}))
+                                        ).order_by(m.c.id)
+            if self.LOCK_FOR_REQUEUE:
+                await conn.execute(rows.with_for_update())
+            waiting = select(s.c.id, s.c.waiting, s.c.on_failure).where(
+                s.c.id.in_(sorted({e.step for e in edges})), s.c.status == _WAITING
+            ).order_by(s.c.id)
+            if self.LOCK_FOR_REQUEUE:
+                waiting = waiting.with_for_update()
+            waiters = [Waiter(r.id, r.waiting, r.on_failure)
+                       for r in await conn.execute(waiting)]
+            if not waiters:
+                return
+            names = dict((await conn.execute(select(s.c.id, s.c.name)
+                                             .where(s.c.id.in_(sorted(ended))))).all())
+            level = next_level(waiters, [(e.step, e.needs) for e in edges], ended, names)
+            if level.waiting:
+                await conn.execute(_count_down(s), [{"p_id": i, "p_waiting": w}
+                                                    for i, w in level.waiting.items()])
+            if level.released:
+                await self._release_steps(conn, level.released)
+            for msg_id, reason in level.cancelled.items():
+                await self._archive_cancelled(conn, msg_id, None,
+                                              [history_entry(0, "cancelled", error=reason)],
+                                              reason)
+            if level.cancelled:
+                await conn.execute(_set_status(s), [{"p_id": i, "p_status": _CANCELLED}
+                                                    for i in level.cancelled])
+                await self._announce(conn, sorted(level.cancelled))
+            ended = dict.fromkeys(level.cancelled, _CANCELLED)
+
+    async def _release_steps(self, conn: AsyncConnection, ids: list[int]) -> None:
+        """Publish the waiting steps ``ids``: due now or after their delay (or at their
+        moment), in their channel with the turn a publish would give them."""
+        s, m = self.schema.step, self.schema.message
+        steps = (await conn.execute(
+            select(s.c.id, s.c.queue, s.c.channel, s.c.delay_seconds, s.c.due_at, m.c.priority)
+            .select_from(s.join(m, m.c.id == s.c.id))
+            .where(s.c.id.in_(ids), m.c.state == _WAITING).order_by(s.c.id))).all()
+        keys: dict[int, tuple[int | None, int]] = {}
+        by_channel: dict[tuple[str, str], list[Any]] = {}
+        for r in steps:
+            if r.channel is not None:
+                by_channel.setdefault((r.channel, r.queue), []).append(r)
+        for (channel, queue), rows in sorted(by_channel.items()):
+            self._saw_channels()
+            turns = await run_flow(conn, room_flow(self.schema, conn.dialect, channel, queue,
+                                                   len(rows), refuse=False))
+            if turns is not None:
+                self._saw_free_channel()
+            for i, r in enumerate(rows):
+                keys[r.id] = ((None, 0) if turns is None
+                              else (turns.key(r.priority, i), int(turns.ordered)))
+        for at in (False, True):
+            params = [{"p_id": r.id, "p_channel": r.channel,
+                       "p_key": keys.get(r.id, (None, 0))[0],
+                       "p_ordered": keys.get(r.id, (None, 0))[1],
+                       **({"p_at": r.due_at} if at else {"p_delay": r.delay_seconds or 0.0})}
+                      for r in steps if (r.due_at is not None) == at]
+            if params:
+                await conn.execute(_released(m, at), params)
+        await conn.execute(_set_status(s), [{"p_id": r.id, "p_status": _RELEASED}
+                                            for r in steps])
+        for queue in sorted({r.queue for r in steps}):
+            wake = self._queue_wake_statement(queue)
+            if wake is not None:
+                await conn.execute(wake)
+
+    async def _cancelled_step(self, conn: AsyncConnection, msg_id: int) -> None:
+        """Message ``msg_id``, just archived CANCELLED by ``cancel``, ends as a step (if
+        it is one): no longer waiting itself, and what waits on it follows."""
+        await conn.execute(_set_status(self.schema.step), {"p_id": msg_id,
+                                                           "p_status": _CANCELLED})
+        await self._steps_ended(conn, {msg_id: _CANCELLED})
+
+
+@functools.lru_cache(maxsize=16)
+def _park(m: Table) -> Any:
+    return update(m).where(m.c.id == bindparam("p_id")).values(
+        state=_WAITING, next_attempt_at=None)
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_steps(s: Table) -> Any:
+    return s.insert().values(created_at=_NOW)
+
+
+@functools.lru_cache(maxsize=16)
+def _count_down(s: Table) -> Any:
+    return update(s).where(s.c.id == bindparam("p_id")).values(waiting=bindparam("p_waiting"))
+
+
+@functools.lru_cache(maxsize=16)
+def _set_status(s: Table) -> Any:
+    return update(s).where(s.c.id == bindparam("p_id"), s.c.status == _WAITING).values(
+        status=bindparam("p_status"))
+
+
+@functools.lru_cache(maxsize=16)
+def _released(m: Table, at: bool) -> Any:
+    """A waiting step's row made what a publish writes: PENDING, due at ``p_at`` (``at``)
+    or after ``p_delay`` seconds, a channel's message waiting apart with its turn."""
+    due = (bindparam("p_at", type_=m.c.next_attempt_at.type) if at
+           else db_now_plus(bindparam("p_delay", type_=Float())))
+    channel = bindparam("p_channel", type_=m.c.channel.type)
+    return update(m).where(m.c.id == bindparam("p_id"), m.c.state == _WAITING).values(
+        state=State.PENDING.value, channel=channel,
+        next_attempt_at=case((channel.is_(None), due)),
+        channel_due_at=case((channel.is_not(None), due)),
+        fair_key=bindparam("p_key", type_=m.c.fair_key.type),
+        ordered=bindparam("p_ordered", type_=m.c.ordered.type))
+
+
+__all__ = ["WorkflowStatements"]
