@@ -189,6 +189,7 @@ __all__ = [
     "SchemaError",
     "Settled",
     "Settlement",
+    "Signal",
     "SqlmqError",
     "State",
     "StepStatus",

@@ -136,15 +136,17 @@ class Decision:
     """A handler's manual settlement of its message (``msg.ack()``, ``nack()``, ``reject()``,
     ``defer()``)."""
 
-    __slots__ = ("at", "delay", "kind", "reason", "saved_state")
+    __slots__ = ("at", "delay", "kind", "reason", "saved_state", "waits_for")
 
     def __init__(self, kind: str, delay: float | None = None, reason: str | None = None,
-                 at: datetime | None = None, saved_state: bytes | None = None):
+                 at: datetime | None = None, saved_state: bytes | None = None,
+                 waits_for: str | None = None):
         self.kind = kind  # "ack" | "nack" | "reject" | "defer"
         self.delay = delay
         self.reason = reason
         self.at = at  # defer: the moment it is due again (else after ``delay``)
         self.saved_state = saved_state  # defer: the state to save, encoded
+        self.waits_for = waits_for  # defer: the signal that makes it due at once
 
 
 class Delivered(Protocol):
@@ -228,6 +230,9 @@ class Settlement:
     #: It is a workflow's step: an ending it writes releases or cancels the steps that wait
     #: on it, in the settle's transaction (see :mod:`sqlmq.workflows`).
     step: bool = False
+    #: For DEFER: the signal it waits for (``msg.wait_for``): due at once if one came
+    #: already, else when it comes (``Broker.signal``) or after the delay.
+    waits_for: str | None = None
 
 
 def decide(d: Delivered, policy: Policy, error: BaseException | None = None,
@@ -348,7 +353,7 @@ def _defer(d: Delivered, decision: Decision) -> Settlement:
     history = append_history(d.history, history_entry(d.deliveries, "deferred"))
     return Settlement(d.id, d.deliveries, Outcome.DEFER, delay=decision.delay or 0.0,
                       attempted=False, history=history, at=decision.at,
-                      saved_state=decision.saved_state)
+                      saved_state=decision.saved_state, waits_for=decision.waits_for)
 
 
 def _cancelled(d: Delivered, policy: Policy, error: BaseException | None) -> Settlement:

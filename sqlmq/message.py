@@ -13,11 +13,13 @@ from .records import Delivery
 from .retry import MAX_DELAY
 
 if TYPE_CHECKING:
-    from .workflows.records import Dependency
+    from .workflows.records import Dependency, Signal
 
 #: The headers of a workflow's step (:mod:`sqlmq.workflows.records`, which imports what
 #: imports this module).
 _WORKFLOW_HEADER, _STEP_HEADER = "sqlmq-workflow", "sqlmq-step"
+#: The longest signal name (a queue name's limit: the column's).
+_MAX_NAME = 128
 
 _UNSET: Any = object()
 _KEEP: Any = object()  # defer(): keep the state saved before
@@ -34,6 +36,10 @@ class LeaseHandle(Protocol):
 
     async def dependencies(self, delivery: Delivery) -> list[Dependency]:
         """The dependencies of workflow step ``delivery`` as they ended."""
+        ...
+
+    async def received_signal(self, delivery: Delivery) -> Signal | None:
+        """The signal ``delivery``'s message waited for, as that delivery reads it."""
         ...
 
 
@@ -194,6 +200,37 @@ class Message:
             None if state is None else encode_state(state))
         self._decide(Decision("defer", delay=delay, at=at, saved_state=saved))
         return _DONE
+
+    def wait_for(self, name: str, timeout: float | timedelta | None = None, *,
+                 state: Any = _KEEP) -> Awaitable[None]:
+        """Wait for signal ``name`` without holding a worker: the message is deferred (as
+        :meth:`defer`, saving ``state``; not an attempt) until ``Broker.signal(msg.id,
+        name, payload)`` comes or ``timeout`` (seconds or a timedelta; default: none)
+        passes. Its next delivery reads ``await msg.signal()``. A signal that came before
+        the wait (while the handler ran, or earlier) is taken at once: the message is due
+        again as soon as this run settles."""
+        if not isinstance(name, str) or not name or len(name) > _MAX_NAME:
+            raise ValueError(f"a signal's name is a non-empty str of at most {_MAX_NAME} "
+                             f"characters, got {name!r}")
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        if timeout is None:
+            timeout = MAX_DELAY
+        if not 0 <= timeout <= MAX_DELAY:
+            raise ValueError(f"wait_for timeout must be between 0 and {MAX_DELAY:.0f}s, got "
+                             f"{timeout}")
+        saved = self._delivery.saved_state if state is _KEEP else (
+            None if state is None else encode_state(state))
+        self._decide(Decision("defer", delay=timeout, saved_state=saved, waits_for=name))
+        return _DONE
+
+    async def signal(self) -> Signal | None:
+        """What this message waited for with :meth:`wait_for` on its last run: the signal
+        that came (``.name``, ``.payload``, ``.sent_at``), or one whose ``.timed_out`` is
+        true if its timeout came first; None if it waited for nothing. One query."""
+        if self._lease is None:
+            raise RuntimeError("this message is not held by a running subscriber")
+        return await self._lease.received_signal(self._delivery)
 
     async def extend(self, seconds: float) -> bool:
         """Push this delivery's lease to now + ``seconds``; False if it was lost already."""

@@ -318,8 +318,14 @@ def _v22(conn: Connection, schema: Schema) -> None:
 
 
 def _v23(conn: Connection, schema: Schema) -> None:
-    """Workflows' steps and their dependencies (new tables; see :mod:`sqlmq.workflows`)."""
-    schema.metadata.create_all(conn, tables=[schema.step, schema.step_need], checkfirst=True)
+    """Workflows' steps and their dependencies, and the signals messages wait for (new
+    tables, and the message table's ``waits_for``, NULL by default: no table is rewritten;
+    see :mod:`sqlmq.workflows`)."""
+    schema.metadata.create_all(conn, tables=[schema.step, schema.step_need, schema.signal],
+                               checkfirst=True)
+    m = schema.message
+    if "waits_for" not in {c["name"] for c in inspect(conn).get_columns(m.name)}:
+        conn.execute(AddColumn(m.c.waits_for))
 
 
 def _partial_anew(conn: Connection, schema: Schema, index: Index) -> None:

@@ -378,6 +378,8 @@ class Schema:
     #: :mod:`sqlmq.workflows`).
     step: Table
     step_need: Table
+    #: The signals sent to messages that wait for them (schema version 23).
+    signal: Table
 
     @property
     def tables(self) -> list[Table]:
@@ -426,6 +428,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         *_control_columns(),  # schema version 9
         *_channel_columns(),  # schema version 10
         *_fair_columns(),  # schema versions 13 and 19
+        Column("waits_for", QueueName()),  # version 23: msg.wait_for's signal (sqlmq.workflows)
         *_key_and_lease_indexes(m),
         # Without AUTOINCREMENT SQLite reuses the ids of deleted rows: once the newest
         # messages are archived, a new message would get an id the archive already has.
@@ -469,7 +472,8 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     return Schema(prefix, md, message, archive, version, *_spark_tables(prefix, md),
                   _topic_group(prefix, md), *_schedule_tables(prefix, md),
                   *_channel_tables(prefix, md), *_operations_tables(prefix, md),
-                  _inbox_seen(prefix, md), *_workflow_tables(prefix, md))
+                  _inbox_seen(prefix, md), *_workflow_tables(prefix, md),
+                  _signal_table(prefix, md))
 
 
 def _workflow_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
@@ -511,6 +515,23 @@ def _workflow_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
         Index(f"ix_{prefix}step_need_step", "step"),
     )
     return step, need
+
+
+def _signal_table(prefix: str, md: MetaData) -> Table:
+    """Schema version 23: the signals sent to messages (``Broker.signal``), one per message
+    and name (a later one replaces it). ``read_by``: the delivery that read it
+    (``msg.signal()``); the message's next ``wait_for`` forgets those, and takes one that
+    nobody read yet as arrived."""
+    return Table(
+        f"{prefix}signal",
+        md,
+        Column("message_id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+               autoincrement=False),
+        Column("name", QueueName(), primary_key=True),
+        Column("payload", _payload()),
+        Column("sent_at", UTCDateTime(), nullable=False),
+        Column("read_by", Integer),
+    )
 
 
 #: The longest host name a worker row keeps (characters; longer ones are cut).

@@ -37,5 +37,14 @@ async def test_workflows_list_show_and_cancel(db_url: str, prefix: str,
         unknown = await asyncio.to_thread(run_cli, "workflows", "show", *base, "nope")
         assert unknown.returncode == 1 and unknown.stdout == ""
         assert "no workflow is named 'nope'" in unknown.stderr
+        # a signal: kept for a live message, refused for one that ended
+        (live,) = await broker.publish_batch("q", ["waits"])
+        sent = await arun("signal", *base, str(live), "go", "--payload", '{"by": "ann"}')
+        assert sent.stdout.strip() == f"signal 'go' sent to message {live}"
+        ended = await asyncio.to_thread(run_cli, "signal", *base, str(ids["ship"]), "go")
+        assert ended.returncode == 1 and "ended or does not exist" in ended.stderr
+        bad = await asyncio.to_thread(run_cli, "signal", *base, str(live), "go",
+                                      "--payload", "{nope")
+        assert bad.returncode == 2 and "--payload is not JSON" in bad.stderr
     finally:
         await broker.close()

@@ -754,8 +754,9 @@ async def test_version_22_adds_the_archives_result_to_a_version_21_schema(
 
 async def test_version_23_adds_the_workflow_tables_to_a_version_22_schema(
         db_url: str, prefix: str) -> None:
-    """A version-22 schema has no step tables: the migration makes them, the messages
-    already there untouched, and a workflow published afterwards runs its steps in turn."""
+    """A version-22 schema has no step and signal tables, and no ``waits_for``: the
+    migration makes them, the messages already there untouched, and a workflow published
+    afterwards runs its steps in turn."""
     from sqlmq.workflows.records import STEP_HEADER, WORKFLOW_HEADER, StepSpec
 
     broker = Broker(db_url, table_prefix=prefix)
@@ -763,7 +764,9 @@ async def test_version_23_adds_the_workflow_tables_to_a_version_22_schema(
         await broker.migrate()
         (old,) = await broker.publish_batch("q", [b"before"])
         await _migrated_from(broker, 23, f"DROP TABLE {broker.schema.step_need.name}",
-                             f"DROP TABLE {broker.schema.step.name}")
+                             f"DROP TABLE {broker.schema.step.name}",
+                             f"DROP TABLE {broker.schema.signal.name}",
+                             f"ALTER TABLE {broker.schema.message.name} DROP COLUMN waits_for")
         headers = {WORKFLOW_HEADER: "w", STEP_HEADER: "a"}
         a, b = await broker.engine.publish_workflow("w", [
             StepSpec("a", NewMessages("q", [b"a"], [headers])),

@@ -168,3 +168,44 @@ def test_the_headers_the_message_reads_are_the_workflows() -> None:
     from sqlmq import message
 
     assert (message._WORKFLOW_HEADER, message._STEP_HEADER) == (WORKFLOW_HEADER, STEP_HEADER)
+
+
+@on_every_engine
+async def test_a_handler_waits_for_a_signal_without_holding_a_worker(
+    broker: Broker, db_url: str, prefix: str,
+) -> None:
+    from .conftest import sibling
+
+    @broker.subscriber("refunds", results=True, workers=1, flush_interval=0.01)
+    async def refund(msg: Message) -> str:
+        if msg.state is None:
+            return await msg.wait_for("approved", timeout=60, state="asked")
+        signal = await msg.signal()
+        assert signal is not None
+        if signal.timed_out:
+            return "timed out"
+        return f"refunded {msg.body['amount']}, approved by {signal.payload['by']}"
+
+    other = sibling(broker, db_url, prefix)  # another process's broker
+    await broker.start()
+    try:
+        waits = await broker.publish("refunds", {"amount": 30})
+        quick = await broker.publish("refunds", {"amount": 5})
+        await wait_until(lambda: _deferred(broker, waits, quick), message="both waiting")
+        # one worker, two waiting: neither holds it
+        assert await other.signal(waits, "approved", {"by": "ann"})
+        assert await broker.result(waits, timeout=20) == "refunded 30, approved by ann"
+        assert await other.signal(quick, "approved", {"by": "bob"})
+        assert await broker.result(quick, timeout=20) == "refunded 5, approved by bob"
+        assert not await other.signal(waits, "approved", None)  # it ended
+    finally:
+        await broker.stop()
+        if other.engine is not broker.engine:
+            await other.close()
+
+
+async def _deferred(broker: Broker, *ids: int) -> bool:
+    from .conftest import rows
+
+    found = {r["id"]: r for r in await rows(broker, "message")}
+    return all(i in found and found[i]["defers_count"] == 1 for i in ids)

@@ -32,7 +32,7 @@ from .operations import pause, resume, workers
 from .relay import relay
 from .run import demo, migrate, worker
 from .topology import channels, groups, schedules
-from .workflows import workflows
+from .workflows import signal, workflows
 
 
 @click.group("sqlmq", context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,7 +47,7 @@ def cli(verbose: bool) -> None:
 
 for _command in (demo, migrate, worker, publish, queues, inspect, show, cancel, dlq, purge,
                  pause, resume, workers, groups, channels, schedules, dashboard, inbox,
-                 relay, workflows):
+                 relay, workflows, signal):
     cli.add_command(_command)
 
 

@@ -1,13 +1,17 @@
-"""``sqlmq workflows``: list workflows, show one step by step, cancel one (see
-:mod:`sqlmq.workflows`)."""
+"""``sqlmq workflows``: list workflows, show one step by step, cancel one; ``sqlmq signal``:
+send a signal to a message that waits for it (see :mod:`sqlmq.workflows`)."""
 
 from __future__ import annotations
+
+import json
+import sys
+from typing import Any
 
 import click
 
 from ..broker import Broker
 from ..workflows.records import StepStatus
-from .common import PositiveInt, database, json_option, print_json
+from .common import EXIT_FAILED, PositiveInt, UsageError, database, json_option, print_json
 
 
 @click.group("workflows")
@@ -72,4 +76,28 @@ async def workflows_cancel(broker: Broker, name: str) -> int:
     for step, c in done.items():
         print(f"{step}\tmessage {c.id}\t{c.outcome}")
     print(f"workflow {name}: {len(done)} step(s) cancelled or asked to stop")
+    return 0
+
+
+@click.command("signal")
+@click.argument("msg_id", type=int)
+@click.argument("name")
+@click.option("--payload", help="a JSON value (default: none)")
+@database
+async def signal(broker: Broker, msg_id: int, name: str, payload: str | None) -> int:
+    """Send signal NAME to message MSG_ID: a message waiting for it (msg.wait_for) runs at
+    once, one that waits for it later takes it then. Exit 1 if the message ended or does
+    not exist."""
+    value: Any = None
+    if payload is not None:
+        try:
+            value = json.loads(payload)
+        except ValueError as exc:
+            raise UsageError(f"--payload is not JSON: {exc}") from None
+    await broker.check_schema()
+    if not await broker.signal(msg_id, name, value):
+        print(f"sqlmq: error: message {msg_id} ended or does not exist: signal {name!r} was "
+              f"not kept", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"signal {name!r} sent to message {msg_id}")
     return 0

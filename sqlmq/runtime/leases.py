@@ -17,7 +17,7 @@ from .lease_deadlines import Key, LeaseDeadlines
 if TYPE_CHECKING:
     from ..engines.contract import Engine
     from ..subscriber import SubscriberConfig
-    from ..workflows.records import Dependency
+    from ..workflows.records import Dependency, Signal
 
 log = logging.getLogger("sqlmq")
 
@@ -190,6 +190,10 @@ class LeaseKeeper:
     async def dependencies(self, d: Delivery) -> list[Dependency]:
         """The dependencies of workflow step ``d`` as they ended (``Message.dependencies``)."""
         return await self.engine.dependencies(d.id)
+
+    async def received_signal(self, d: Delivery) -> Signal | None:
+        """The signal ``d``'s message waited for (``Message.signal``)."""
+        return await self.engine.received_signal(d.id, d.deliveries)
 
     async def extend(self, d: Delivery, seconds: float) -> bool:
         """Push ``d``'s lease to now + ``seconds`` (``Message.extend``); False if lost."""

@@ -7,7 +7,11 @@ in the same transaction, fenced as the settle is, so a crash cannot separate the
 stale delivery releases nothing. A dependency that ends FAILED, CANCELLED or EXPIRED
 cancels the steps that wait on it, transitively, unless a step runs on failure
 (``on_failure="run"``). A step's handler reads its dependencies' endings and results with
-``await msg.dependencies()``. See docs/workflows.md.
+``await msg.dependencies()``.
+
+A running handler waits for an outside event without holding a worker with
+``msg.wait_for(name, timeout=…)`` (a defer until ``Broker.signal`` sends it); its next
+delivery reads ``await msg.signal()``. See docs/workflows.md.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from .records import (
     WORKFLOW_HEADER,
     Dependency,
     OnFailure,
+    Signal,
     StepStatus,
     WorkflowStatus,
     WorkflowSummary,
 )
 
-__all__ = ["STEP_HEADER", "WORKFLOW_HEADER", "Dependency", "OnFailure", "Step", "StepStatus",
-           "Workflow", "WorkflowStatus", "WorkflowSummary"]
+__all__ = ["STEP_HEADER", "WORKFLOW_HEADER", "Dependency", "OnFailure", "Signal", "Step",
+           "StepStatus", "Workflow", "WorkflowStatus", "WorkflowSummary"]

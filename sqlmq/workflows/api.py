@@ -1,12 +1,15 @@
-"""The broker's workflow calls: build one, read its status, list them, cancel one."""
+"""The broker's workflow calls: build one, read its status, list them, cancel one; and
+send a signal to a message that waits for it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..errors import UnknownWorkflow
+from ..codec import encode_state
+from ..errors import ConfigurationError, PayloadTooLarge, PublishError, UnknownWorkflow
 from ..lifecycle import State
 from ..records import Cancellation
+from ..subscriber import check_name
 from .flow import Workflow
 from .records import WorkflowStatus, WorkflowSummary
 
@@ -38,6 +41,22 @@ class Workflows:
     async def workflows(self, limit: int = 50) -> list[WorkflowSummary]:
         """The ``limit`` newest workflows, newest first, with their steps' counts."""
         return await self._engine.workflows(limit)
+
+    async def signal(self, msg_id: int, name: str, payload: Any = None) -> bool:
+        """Send signal ``name`` with ``payload`` (bytes, str or a JSON value) to message
+        ``msg_id``: a message waiting for it (``msg.wait_for(name)``) is due at once, and
+        one that waits for it later takes it then. False if the message ended or does not
+        exist (nothing is kept)."""
+        try:
+            check_name(name, "signal name")
+        except ConfigurationError as exc:
+            raise PublishError(str(exc)) from None
+        stored = None if payload is None else encode_state(payload)
+        if stored is not None and len(stored) > self.max_payload_bytes:
+            raise PayloadTooLarge(f"signal {name!r} for message {msg_id}: {len(stored)} bytes,"
+                                  f" over the limit of {self.max_payload_bytes} "
+                                  f"(max_payload_bytes)")
+        return await self._engine.signal(msg_id, name, stored)
 
     async def cancel_workflow(self, name: str) -> dict[str, Cancellation]:
         """Cancel every step of workflow ``name`` that has not ended: a waiting or ready

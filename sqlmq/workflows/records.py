@@ -133,5 +133,25 @@ class Dependency:
         return None if self.stored_result is None else decode_state(self.stored_result)
 
 
-__all__ = ["ENDED", "STEP_HEADER", "WORKFLOW_HEADER", "Dependency", "OnFailure", "StepSpec",
-           "StepStatus", "WorkflowStatus", "WorkflowSummary"]
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """What a message that waited (``msg.wait_for``) reads on its next delivery with
+    ``await msg.signal()``: the signal that came (``payload``, ``sent_at``), or, with
+    ``timed_out``, none before its timeout."""
+
+    name: str
+    stored_payload: bytes | None = None
+    sent_at: datetime | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.sent_at is None
+
+    @property
+    def payload(self) -> Any:
+        """What ``Broker.signal`` sent (None: nothing, or a timeout)."""
+        return None if self.stored_payload is None else decode_state(self.stored_payload)
+
+
+__all__ = ["ENDED", "STEP_HEADER", "WORKFLOW_HEADER", "Dependency", "OnFailure", "Signal",
+           "StepSpec", "StepStatus", "WorkflowStatus", "WorkflowSummary"]

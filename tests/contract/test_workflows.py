@@ -198,3 +198,74 @@ async def test_the_list_counts_each_workflows_steps(env: Env) -> None:
     assert listed["two"][0] == 1 and listed["one"][0] == 2
     assert sum(w[1] for w in listed.values()) == 2  # a of one and a of two ended
     assert len(await env.engine.workflows(1)) == 1
+
+
+# ---- signals -------------------------------------------------------------------------------
+
+
+async def waiting_for(env: Env, name: str = "ok", delay: float = 30.0) -> Delivery:
+    """A message whose first run waits for signal ``name`` (a defer of ``delay``)."""
+    await env.publish("q")
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.settle([Settlement(d.id, 1, Outcome.DEFER, delay=delay,
+                                               waits_for=name)]) == {d.id}
+    return d
+
+
+async def test_a_signal_makes_a_message_that_waits_for_it_due_at_once(env: Env) -> None:
+    d = await waiting_for(env)
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert await env.engine.signal(d.id, "other", None)  # kept, but not what it waits for
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert await env.engine.signal(d.id, "ok", encode_state({"by": "ann"}))
+    (again,) = await env.engine.acquire(["q"], 10, 30)
+    got = await env.engine.received_signal(d.id, again.deliveries)
+    assert got is not None and (got.name, got.payload, got.timed_out) == (
+        "ok", {"by": "ann"}, False)
+
+
+async def test_a_signal_sent_while_the_handler_runs_is_taken_by_its_wait(env: Env) -> None:
+    await env.publish("q")
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.received_signal(d.id, 1) is None  # it waits for nothing yet
+    assert await env.engine.signal(d.id, "ok", encode_state(b"early"))
+    assert await env.engine.settle([Settlement(d.id, 1, Outcome.DEFER, delay=30.0,
+                                               waits_for="ok")]) == {d.id}
+    (again,) = await env.engine.acquire(["q"], 10, 30)  # due at once
+    got = await env.engine.received_signal(d.id, again.deliveries)
+    assert got is not None and got.payload == b"early"
+    # read: the next wait for it does not take it again
+    assert await env.engine.settle([Settlement(d.id, again.deliveries, Outcome.DEFER,
+                                               delay=30.0, waits_for="ok")]) == {d.id}
+    assert await env.engine.acquire(["q"], 10, 30) == []
+
+
+async def test_a_wait_that_times_out_reads_a_timeout(env: Env) -> None:
+    d = await waiting_for(env, delay=0.3)
+    came = await env.acquire_early()
+    await env.passes(0.35)
+    (again,) = came or await env.engine.acquire(["q"], 10, 30)
+    got = await env.engine.received_signal(d.id, again.deliveries)
+    assert got is not None and (got.name, got.timed_out, got.payload) == ("ok", True, None)
+
+
+async def test_a_signal_to_a_message_that_ended_or_never_was_is_refused(env: Env) -> None:
+    await env.publish("q")
+    (d,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.settle([Settlement(d.id, 1, Outcome.COMPLETE)]) == {d.id}
+    assert not await env.engine.signal(d.id, "ok", None)
+    assert not await env.engine.signal(10**9, "ok", None)
+
+
+async def test_a_step_that_waits_for_a_signal_releases_its_dependents_once_it_completes(
+    env: Env,
+) -> None:
+    a, b = await env.engine.publish_workflow("wf", [step("a"), step("b", [0])])
+    (da,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.settle([done(da, Outcome.DEFER, delay=30.0,
+                                         waits_for="approved")]) == {a}
+    assert await env.engine.acquire(["q"], 10, 30) == []
+    assert await env.engine.signal(a, "approved", b"yes")
+    (again,) = await env.engine.acquire(["q"], 10, 30)
+    assert again.id == a and await env.engine.settle([done(again)]) == {a}
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [b]

@@ -62,7 +62,11 @@ class WorkerSpec:
     then fail with probability ``fail``: a body is ``{"c": channel, ...}``), ``answer``
     (sleep, or the body's ``sleep_first`` on a first delivery, record, then return the
     message's id, body, delivery and the worker's pid, or raise the body's ``fail``: a
-    subscriber with ``results=True`` keeps it); ``batch`` and ``batch_pipeline`` are batch
+    subscriber with ``results=True`` keeps it), ``step`` (a workflow's step: sleep, then
+    record, noting ``early`` if one of its dependencies had not completed, and return its
+    id), ``await_signal`` (the first run records ``waits`` and waits for signal ``go``,
+    the next records ``got`` if the signal carried ``{"for": its id}``, else ``wrong``);
+    ``batch`` and ``batch_pipeline`` are batch
     handlers (``batch=`` in ``subscriber``): sleep, record each message, and
     (``batch_pipeline``) return ``[{"from": id}, ...]``, one per message."""
 
@@ -153,6 +157,20 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
                 raise ValueError(msg.body["fail"])
             return {"id": msg.id, "echo": msg.body, "pid": os.getpid(),
                     "delivery": msg.deliveries}
+        if spec.handler == "step":  # a workflow's step: its dependencies must have ended
+            await asyncio.sleep(spec.sleep)
+            deps = await msg.dependencies()
+            early = [name for name, d in deps.items() if d.state != "COMPLETED"]
+            record(msg, " early" if early else "")
+            return {"id": msg.id}
+        if spec.handler == "await_signal":  # wait for signal "go" carrying its own id
+            if msg.state is None:
+                record(msg, " waits")
+                return await msg.wait_for("go", timeout=300, state="waiting")
+            got = await msg.signal()
+            record(msg, " got" if got is not None and got.payload == {"for": msg.id}
+                   else " wrong")
+            return None
         if spec.handler == "poison" and msg.body == "poison":
             record(msg, " died")
             os._exit(3)

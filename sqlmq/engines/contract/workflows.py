@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ...workflows.records import Dependency, StepSpec, StepStatus, WorkflowSummary
+from ...workflows.records import Dependency, Signal, StepSpec, StepStatus, WorkflowSummary
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -47,6 +47,20 @@ class WorkflowsContract(Protocol):
     async def dependencies(self, msg_id: int) -> list[Dependency]:
         """The dependencies of step ``msg_id`` as they ended (none: not a step, or a
         step without any)."""
+        ...
+
+    async def signal(self, msg_id: int, name: str, payload: bytes | None) -> bool:
+        """Keep signal ``name`` (``payload``, encoded) for message ``msg_id``, replacing
+        one of that name, and if the message waits for it (deferred by
+        ``msg.wait_for``), make it due now, in one transaction (the message's row locked,
+        as a settle's defer locks it: a signal and a wait never miss each other). False,
+        and nothing kept, if the message ended or does not exist."""
+        ...
+
+    async def received_signal(self, msg_id: int, deliveries: int) -> Signal | None:
+        """The signal message ``msg_id`` waited for, as delivery ``deliveries`` reads it:
+        the one that came (marked read by that delivery), a timeout (no signal came), or
+        None if it waited for nothing."""
         ...
 
 

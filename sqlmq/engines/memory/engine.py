@@ -94,6 +94,7 @@ class Row:
     channel: str | None = None  # see sqlmq.channels: a channel's message waits on
     channel_due_at: datetime | None = None  # channel_due_at, next_attempt_at None
     fair_key: int | None = None  # a channel message's place in the fair order
+    waits_for: str | None = None  # the signal a deferred message waits for
 
     def wait_until(self, due: datetime) -> None:
         """Back to waiting until ``due``: a channel's message apart from the plain ones."""
@@ -434,6 +435,7 @@ def _defer(row: Row, s: Settlement, now: datetime) -> None:
                    else s.at.astimezone(UTC))
     row.lease_expires_at = None
     row.saved_state = s.saved_state
+    row.waits_for = s.waits_for
     row.defers_count += 1
     if s.history is not None:
         row.history = _stamped(s.history, now)
@@ -641,6 +643,7 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
                              most: int) -> tuple[set[int], list[Delivery]]:
         with self._lock:
             now, store = self._now(), self._store
+            settlements = self._signals_waited(settlements)
             applied = store.settle(settlements, now)
             for batch in outputs_of(settlements, applied):
                 store.add(store.new_rows(batch, now)[0])

@@ -14,7 +14,7 @@ from ...commit_hooks import on_commit
 from ...errors import PublishError
 from ...lifecycle import Outcome, Settlement, State, history_entry
 from ...workflows.graph import Waiter, next_level
-from ...workflows.records import Dependency, StepSpec, StepStatus, WorkflowSummary
+from ...workflows.records import Dependency, Signal, StepSpec, StepStatus, WorkflowSummary
 from .transactions import begin_callers, transaction_owner
 
 #: The in-memory engine's store (:class:`.engine.MemoryStore`, which imports this module)
@@ -46,6 +46,9 @@ class StepRow:
 class MemoryWorkflows:
     """The step table and its edges, both ways."""
 
+    #: Signals kept for messages: (message, name) -> (payload, sent_at, read_by).
+    signals: dict[tuple[int, str], tuple[bytes | None, datetime, int | None]] = field(
+        default_factory=dict)
     steps: dict[int, StepRow] = field(default_factory=dict)
     by_workflow: dict[str, list[int]] = field(default_factory=dict)
     dependents: dict[int, list[int]] = field(default_factory=dict)
@@ -210,6 +213,48 @@ class MemoryWorkflowCalls:
     async def dependencies(self, msg_id: int) -> list[Dependency]:
         with self._lock:
             return self._workflows.dependencies(self._store, msg_id)
+
+    async def signal(self, msg_id: int, name: str, payload: bytes | None) -> bool:
+        """As :meth:`..sql.signals.SignalStatements.signal`, under the lock."""
+        with self._lock:
+            row = self._store.rows.get(msg_id)
+            if row is None:
+                return False
+            now = self._now()
+            self._workflows.signals[msg_id, name] = (payload, now, None)
+            if row.waits_for == name and row.state in (State.PENDING, State.RETRYABLE):
+                row.wait_until(now)
+            self._writes += 1
+            return True
+
+    async def received_signal(self, msg_id: int, deliveries: int) -> Signal | None:
+        with self._lock:
+            row = self._store.rows.get(msg_id)
+            waits = None if row is None else row.waits_for
+            if waits is None:
+                return None
+            found = self._workflows.signals.get((msg_id, waits))
+            if found is None:
+                return Signal(waits)
+            self._workflows.signals[msg_id, waits] = (found[0], found[1], deliveries)
+            return Signal(waits, found[0], found[1])
+
+    def _signals_waited(self, settlements: Sequence[Settlement]) -> Sequence[Settlement]:
+        """``settlements``, a defer that waits for a signal that came already due now (and
+        the signals a delivery read forgotten), as the SQL engines' defer writes it."""
+        if not any(s.waits_for is not None for s in settlements):
+            return settlements
+        signals = self._workflows.signals
+        out = []
+        for s in settlements:
+            if s.outcome is Outcome.DEFER and s.waits_for is not None \
+                    and self._store.held(s.id, s.deliveries) is not None:
+                for key in [k for k, v in signals.items() if k[0] == s.id and v[2] is not None]:
+                    del signals[key]
+                if (s.id, s.waits_for) in signals:
+                    s = replace(s, delay=0.0, at=None)
+            out.append(s)
+        return out
 
     def _steps_settled(self, settlements: Sequence[Settlement], applied: set[int],
                        now: datetime) -> None:

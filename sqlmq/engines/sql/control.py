@@ -59,6 +59,8 @@ class ControlStatements:
     _announce: Callable[[AsyncConnection, Sequence[int]], Awaitable[None]]
     #: Ends a cancelled message as a workflow's step (see :mod:`.workflows`).
     _cancelled_step: Callable[[AsyncConnection, int], Awaitable[None]]
+    #: Whether a signal the defer would wait for came already (see :mod:`.signals`).
+    _signal_came: Callable[[AsyncConnection, int, str], Awaitable[bool]]
 
     async def cancel(self, msg_id: int) -> Cancellation:
         m, a = self.schema.message, self.schema.archive
@@ -113,9 +115,15 @@ class ControlStatements:
                 await self._archive_cancelled(conn, s.id, s.deliveries, s.history,
                                               s.error or "cancelled", keep=s.keep)
             else:
-                params = {"p_id": s.id, "p_state": s.saved_state, "p_history": s.history}
-                params.update({"p_delay": float(s.delay)} if s.at is None else {"p_at": s.at})
-                await conn.execute(_defer(m, s.at is not None, s.history is not None), params)
+                params = {"p_id": s.id, "p_state": s.saved_state, "p_history": s.history,
+                          "p_waits": s.waits_for}
+                at = s.at
+                if s.waits_for is not None and await self._signal_came(conn, s.id,
+                                                                       s.waits_for):
+                    at, params["p_delay"] = None, 0.0  # it came before the wait: due now
+                else:
+                    params.update({"p_delay": float(s.delay)} if at is None else {"p_at": at})
+                await conn.execute(_defer(m, at is not None, s.history is not None), params)
             written.add(s.id)
         return written
 
@@ -151,7 +159,8 @@ def _held(m: Table, lock: bool) -> Any:
 
 @functools.lru_cache(maxsize=64)
 def _defer(m: Table, at: bool, history: bool) -> Any:
-    """Message ``p_id`` back to waiting with its saved state ``p_state``, due at moment
+    """Message ``p_id`` back to waiting with its saved state ``p_state`` and the signal it
+    waits for ``p_waits``, due at moment
     ``p_at`` (``at``) or after ``p_delay`` seconds on the database clock, its history
     ``p_history`` (``history``, its newest entry at the database's time; else kept). Built
     on every defer, the two statements were most of the Python time of its settle (a
@@ -164,6 +173,7 @@ def _defer(m: Table, at: bool, history: bool) -> Any:
         next_attempt_at=case((m.c.channel.is_(None), due)),
         channel_due_at=case((m.c.channel.is_not(None), due)),
         saved_state=bindparam("p_state", type_=m.c.saved_state.type),
+        waits_for=bindparam("p_waits", type_=m.c.waits_for.type),
         defers_count=m.c.defers_count + 1,
         history=_new_history(m) if history else m.c.history)
 

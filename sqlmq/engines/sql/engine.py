@@ -48,6 +48,7 @@ from .results import ResultStatements
 from .room import channel_flow, room_flow
 from .schedules import ScheduleRegistry
 from .settle_onward import OnwardSettle
+from .signals import SignalStatements
 from .slots import SlotPassing
 from .statements import names_for
 from .topics import TopicGroups
@@ -61,7 +62,8 @@ RETURNING = frozenset(o for o in Outcome if not o.archives)
 
 class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, ControlStatements,
                 ResultStatements, TopicGroups, ScheduleRegistry, ArchiveInsights,
-                OperationStatements, WorkflowStatements, KeptConnections, DriverRuns):
+                OperationStatements, WorkflowStatements, SignalStatements, KeptConnections,
+                DriverRuns):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 
