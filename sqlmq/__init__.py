@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from .workflows import (
         Dependency,
         OnFailure,
+        Signal,
         StepStatus,
         Workflow,
         WorkflowStatus,

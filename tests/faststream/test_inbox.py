@@ -223,7 +223,8 @@ async def test_killed_inbox_handler_processes_take_each_message_once(
     script.write_text(APP)
     try:
         await kill_while_taking([sys.executable, str(script), db_url, prefix, name], broker,
-                                n, 3, (80, 150), tmp_path / "app.log")
+                                n, 3, (80, 150), tmp_path / "app.log",
+                                started="FastStream app started successfully")
         await wait_until(lambda: drained(broker, "in"), timeout=60, message="sqlmq drained")
     finally:
         await broker.stop()

@@ -185,10 +185,12 @@ STARTED = " started (ledger source "
 
 
 async def kill_while_taking(command: list[str], broker: Any, n: int, kills: int,
-                            step: tuple[int, int], log_path: Any) -> None:
+                            step: tuple[int, int], log_path: Any,
+                            started: str = STARTED) -> None:
     """Run ``command`` (a process taking far messages into ``broker``'s database) and
     SIGKILL it ``kills`` times, each once the ledger has grown by a random count within
-    ``step``; then run it until the ledger holds ``n`` keys and stop it with SIGTERM."""
+    ``step``; then run it until the ledger holds ``n`` keys and stop it with SIGTERM, once
+    it logged ``started`` (its signal handlers in place)."""
     import os
     import random
     import signal
@@ -216,7 +218,7 @@ async def kill_while_taking(command: list[str], broker: Any, n: int, kills: int,
             return await ledger_size(broker) >= n
 
         def running() -> bool:  # its signal handlers are in place once it says so
-            return proc.poll() is not None or open(log_path).read().count(STARTED) > kills
+            return proc.poll() is not None or open(log_path).read().count(started) > kills
 
         await wait_until(all_taken, timeout=120, message=f"{n} messages in the ledger")
         # The last killed process may have taken the last messages: this one is then still
