@@ -62,4 +62,23 @@ def next_level(waiters: Iterable[Waiter], needs: Iterable[tuple[int, int]],
     return level
 
 
-__all__ = ["Level", "Waiter", "next_level"]
+def revived_counts(cancelled: Mapping[int, str], needs: Mapping[int, list[int]],
+                   ended: Mapping[int, str]) -> dict[int, int]:
+    """Which of the steps ``cancelled`` by a failed dependency (id to its ``on_failure``)
+    wait again now that a dependency of theirs was requeued, and for how many: ``needs``
+    gives each step's dependencies, ``ended`` the final state of those in the archive (a
+    dependency not there is waiting or running again). A step another failed dependency
+    still holds back stays cancelled, unless it runs on failure."""
+    out: dict[int, int] = {}
+    for step, on_failure in cancelled.items():
+        deps = needs.get(step, [])
+        if on_failure != OnFailure.RUN and any(
+                ended.get(d, State.COMPLETED) != State.COMPLETED for d in deps):
+            continue
+        left = sum(1 for d in deps if d not in ended)
+        if left:
+            out[step] = left
+    return out
+
+
+__all__ = ["Level", "Waiter", "next_level", "revived_counts"]

@@ -269,3 +269,33 @@ async def test_a_step_that_waits_for_a_signal_releases_its_dependents_once_it_co
     (again,) = await env.engine.acquire(["q"], 10, 30)
     assert again.id == a and await env.engine.settle([done(again)]) == {a}
     assert ids(await env.engine.acquire(["q"], 10, 30)) == [b]
+
+
+async def test_requeueing_a_failed_step_revives_what_its_failure_cancelled(env: Env) -> None:
+    a, b, c, d, _ = await env.engine.publish_workflow("wf", [
+        step("a"), step("b", [0]), step("c", [1]), step("d"), step("e", [0, 3])])
+    got = {x.id: x for x in await env.engine.acquire(["q"], 10, 30)}
+    assert set(got) == {a, d}
+    assert await env.engine.settle([done(got[a], Outcome.FAIL, error="boom"),
+                                    done(got[d], Outcome.FAIL, error="also")]) == {a, d}
+    assert await states(env) == {"a": "FAILED", "b": "CANCELLED", "c": "CANCELLED",
+                                 "d": "FAILED", "e": "CANCELLED"}
+    assert await env.engine.cancel(b) is not None  # archived already: nothing changes
+    assert await env.engine.requeue_archived(ids=[a]) == 1
+    # b and c wait again; e stays cancelled, d (also its dependency) having failed too
+    assert await states(env) == {"a": "PENDING", "b": "WAITING", "c": "WAITING",
+                                 "d": "FAILED", "e": "CANCELLED"}
+    (again,) = await env.engine.acquire(["q"], 10, 30)
+    assert again.id == a and await env.engine.settle([done(again)]) == {a}
+    (db,) = await env.engine.acquire(["q"], 10, 30)
+    assert db.id == b and await env.engine.settle([done(db)]) == {b}
+    assert ids(await env.engine.acquire(["q"], 10, 30)) == [c]
+
+
+async def test_a_step_cancelled_by_hand_is_not_revived_by_a_requeue(env: Env) -> None:
+    a, b = await env.engine.publish_workflow("wf", [step("a"), step("b", [0])])
+    assert (await env.engine.cancel(b)).outcome == "cancelled"
+    (da,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.settle([done(da, Outcome.FAIL)]) == {a}
+    assert await env.engine.requeue_archived(ids=[a]) == 1
+    assert await states(env) == {"a": "PENDING", "b": "CANCELLED"}

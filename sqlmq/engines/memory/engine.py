@@ -134,6 +134,13 @@ def ready_key(row: Row) -> tuple[Any, ...]:
     return (-row.priority, row.next_attempt_at, row.id)
 
 
+def _waiting_row(a: Archived) -> Row:
+    """Archived workflow step ``a`` back in the table, waiting for its dependencies (a
+    requeue of one of them revived it: see :mod:`.workflows`)."""
+    return Row(a.id, a.queue, a.headers, a.payload, a.created_at, None, state=State.WAITING,
+               history=a.history, priority=a.priority)
+
+
 def _first(found: list[Archived], limit: int | None) -> list[Archived]:
     """The batch a limited requeue or purge takes: the lowest ids, as the SQL engines'."""
     return found if limit is None else sorted(found, key=lambda a: a.id)[:limit]
@@ -715,7 +722,9 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
                                state: str = State.FAILED, limit: int | None = None) -> int:
         with self._lock:
             found = self._store.archived(queue, ids, state, None)
-            moved = self._store.requeue(_first(found, limit), self._now())
+            picked = _first(found, limit)
+            moved = self._store.requeue(picked, self._now())
+            self._workflows.requeued(self._store, [a.id for a in picked], _waiting_row)
             self._writes += bool(moved)
             return moved
 

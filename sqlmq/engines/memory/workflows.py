@@ -13,7 +13,7 @@ from typing import Any
 from ...commit_hooks import on_commit
 from ...errors import PublishError
 from ...lifecycle import Outcome, Settlement, State, history_entry
-from ...workflows.graph import Waiter, next_level
+from ...workflows.graph import Waiter, next_level, revived_counts
 from ...workflows.records import Dependency, Signal, StepSpec, StepStatus, WorkflowSummary
 from .transactions import begin_callers, transaction_owner
 
@@ -23,6 +23,7 @@ MemoryStore = Any
 Row = Any
 
 _RELEASED, _CANCELLED, _WAITING = "RELEASED", State.CANCELLED.value, State.WAITING.value
+_CASCADED = "CASCADED"  # cancelled by a failed dependency (see ..sql.workflows)
 
 
 @dataclass(slots=True)
@@ -87,7 +88,7 @@ class MemoryWorkflows:
         return rows, ids, record
 
     def ended(self, store: MemoryStore, ended: dict[int, str], now: datetime) -> None:
-        """As :meth:`..sql.workflows.WorkflowStatements._steps_ended`."""
+        """As :meth:`..sql.workflows.steps.StepStatements._steps_ended`."""
         while ended:
             edges = [(step, d) for d in ended for step in self.dependents.get(d, ())]
             waiters = [Waiter(s.id, s.waiting, s.on_failure)
@@ -102,7 +103,7 @@ class MemoryWorkflows:
             for i in level.released:
                 self._release(store, self.steps[i], now)
             for i, reason in level.cancelled.items():
-                self.steps[i].status = _CANCELLED
+                self.steps[i].status = _CASCADED
                 row = store.rows.get(i)
                 if row is not None:
                     store._archive(row, Settlement(
@@ -123,6 +124,26 @@ class MemoryWorkflows:
             row.channel = step.channel
             row.fair_key = None if turns is None else turns.key(row.priority)
         row.wait_until(due)
+
+    def requeued(self, store: MemoryStore, ids: Sequence[int],
+                 waiting_row: Callable[[Any], Row]) -> None:
+        """As :meth:`..sql.workflows.steps.StepStatements._steps_requeued` (``waiting_row``:
+        an archived step's row back in the table, waiting)."""
+        frontier = [i for i in ids if i in self.steps]
+        for i in frontier:
+            self.steps[i].status = _RELEASED
+        while frontier:
+            cancelled = {d: self.steps[d].on_failure for f in frontier
+                         for d in self.dependents.get(f, ()) if self.steps[d].status == _CASCADED}
+            needs = {c: self.needs.get(c, []) for c in cancelled}
+            ended = {d: store.archive[d].state for ds in needs.values() for d in ds
+                     if d in store.archive}
+            counts = revived_counts(cancelled, needs, ended)
+            for i, left in counts.items():
+                a = store.archive.pop(i)
+                store.add([waiting_row(a)])
+                self.steps[i].status, self.steps[i].waiting = _WAITING, left
+            frontier = sorted(counts)
 
     def cancelled(self, store: MemoryStore, msg_id: int, now: datetime) -> None:
         """Message ``msg_id``, just archived CANCELLED by a cancel, ends as a step."""
@@ -215,7 +236,7 @@ class MemoryWorkflowCalls:
             return self._workflows.dependencies(self._store, msg_id)
 
     async def signal(self, msg_id: int, name: str, payload: bytes | None) -> bool:
-        """As :meth:`..sql.signals.SignalStatements.signal`, under the lock."""
+        """As :meth:`..sql.workflows.signals.SignalStatements.signal`, under the lock."""
         with self._lock:
             row = self._store.rows.get(msg_id)
             if row is None:

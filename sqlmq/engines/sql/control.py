@@ -59,7 +59,7 @@ class ControlStatements:
     _announce: Callable[[AsyncConnection, Sequence[int]], Awaitable[None]]
     #: Ends a cancelled message as a workflow's step (see :mod:`.workflows`).
     _cancelled_step: Callable[[AsyncConnection, int], Awaitable[None]]
-    #: Whether a signal the defer would wait for came already (see :mod:`.signals`).
+    #: Whether a signal the defer would wait for came already (see :mod:`.workflows.signals`).
     _signal_came: Callable[[AsyncConnection, int, str], Awaitable[bool]]
 
     async def cancel(self, msg_id: int) -> Cancellation:

@@ -48,7 +48,6 @@ from .results import ResultStatements
 from .room import channel_flow, room_flow
 from .schedules import ScheduleRegistry
 from .settle_onward import OnwardSettle
-from .signals import SignalStatements
 from .slots import SlotPassing
 from .statements import names_for
 from .topics import TopicGroups
@@ -62,8 +61,7 @@ RETURNING = frozenset(o for o in Outcome if not o.archives)
 
 class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, ControlStatements,
                 ResultStatements, TopicGroups, ScheduleRegistry, ArchiveInsights,
-                OperationStatements, WorkflowStatements, SignalStatements, KeptConnections,
-                DriverRuns):
+                OperationStatements, WorkflowStatements, KeptConnections, DriverRuns):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
 
@@ -397,6 +395,7 @@ class ArchiveAndStatsMixin:
                     )
                 )
                 moved += (await conn.execute(delete(a).where(a.c.id.in_(chunk)))).rowcount
+            await self._steps_requeued(conn, picked)  # what their failure cancelled waits again
             return moved
 
     async def _room_for_requeue(self, conn: AsyncConnection,

@@ -15,17 +15,17 @@ from sqlalchemy import Table, bindparam, case, delete, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
-from ...lifecycle import State
-from ...schema import Schema
-from ...sqltime import db_now_plus
-from ...workflows.records import Signal
+from ....lifecycle import State
+from ....schema import Schema
+from ....sqltime import db_now_plus
+from ....workflows.records import Signal
 
 _NOW = db_now_plus(literal(0.0))
 _WAITING_STATES = (State.PENDING.value, State.RETRYABLE.value)
 
 
 class SignalStatements:
-    """``signal`` and ``received_signal`` for :class:`~.engine.SqlEngine`, and what a
+    """``signal`` and ``received_signal`` for :class:`~..engine.SqlEngine`, and what a
     defer that waits for a signal asks (:meth:`_signal_came`)."""
 
     schema: Schema

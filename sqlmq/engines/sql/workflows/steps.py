@@ -1,4 +1,4 @@
-"""Workflows on the SQL engines, in SQLAlchemy Core (schema version 23; see
+"""Workflows' steps on the SQL engines, in SQLAlchemy Core (schema version 23; see
 :mod:`sqlmq.workflows`).
 
 A step that waits is a message row in state WAITING with no due time and no channel, so no
@@ -9,7 +9,7 @@ takes one). Fencing comes with the settle: only the settlements its statements w
 anything, so a stale delivery releases nothing. Concurrent settles of two dependencies of
 one step take the step's row lock in id order; the second sees the first's count.
 
-Publishing a workflow is a flow of statements (:mod:`.publish`), so that it runs in any
+Publishing a workflow is a flow of statements (:mod:`..publish`), so that it runs in any
 transaction a publish runs in: sqlmq's own, a SQLAlchemy connection's or session's, a
 driver's connection, synchronous or not.
 """
@@ -22,31 +22,45 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Float, Table, bindparam, case, func, literal, select, update
+from sqlalchemy import (
+    Float,
+    Table,
+    bindparam,
+    case,
+    delete,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
-from ...errors import PublishError
-from ...lifecycle import State, history_entry
-from ...records import NewMessages
-from ...schema import Schema
-from ...sqltime import db_now_plus
-from ...workflows.graph import Waiter, next_level
-from ...workflows.records import Dependency, StepSpec, StepStatus, WorkflowSummary
-from .publish import Flow, publish_flow, run_flow
-from .room import room_flow
+from ....errors import PublishError
+from ....lifecycle import State, history_entry
+from ....records import NewMessages
+from ....schema import Schema
+from ....sqltime import db_now_plus
+from ....workflows.graph import Waiter, next_level, revived_counts
+from ....workflows.records import StepSpec
+from ..publish import Flow, publish_flow, run_flow
+from ..room import room_flow
 
 #: The due time a waiting step's row is inserted with, taken off at once (a publish's
 #: insert needs one; no acquire reads a row without it).
 _PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
 _NOW = db_now_plus(literal(0.0))
 _RELEASED, _CANCELLED, _WAITING = "RELEASED", State.CANCELLED.value, State.WAITING.value
+#: The status of a step a dependency's failure cancelled: a requeue of that dependency
+#: makes it wait again (a step cancelled by hand stays CANCELLED).
+_CASCADED = "CASCADED"
 
 
-class WorkflowStatements:
-    """The workflows half of the engine contract, and the release and cancellation of
-    waiting steps, for :class:`~.engine.SqlEngine`."""
+class StepStatements:
+    """The publish of a workflow, and the release, cancellation and revival of waiting
+    steps in the transactions that end or requeue what they wait for, for
+    :class:`~..engine.SqlEngine`."""
 
     schema: Schema
     LOCK_FOR_REQUEUE: bool
@@ -103,70 +117,6 @@ class WorkflowStatements:
             yield n.insert(), edges
         return ids
 
-    # ---- reading ------------------------------------------------------------------------------
-
-    async def workflow_steps(self, workflow: str) -> list[StepStatus]:
-        s, n, m, a = (self.schema.step, self.schema.step_need, self.schema.message,
-                      self.schema.archive)
-
-        async def read(conn: AsyncConnection) -> list[StepStatus]:
-            steps = (await conn.execute(select(s).where(s.c.workflow == workflow)
-                                        .order_by(s.c.id))).all()
-            if not steps:
-                return []
-            ids = [r.id for r in steps]
-            names = {r.id: r.name for r in steps}
-            after: dict[int, list[str]] = {}
-            for step, needs in await conn.execute(select(n.c.step, n.c.needs)
-                                                  .where(n.c.step.in_(ids))):
-                after.setdefault(step, []).append(names.get(needs, str(needs)))
-            live = {r.id: r for r in await conn.execute(
-                select(m.c.id, m.c.state, m.c.attempts_count, m.c.last_error)
-                .where(m.c.id.in_(ids)))}
-            ended = {r.id: r for r in await conn.execute(
-                select(a.c.id, a.c.state, a.c.attempts_count, a.c.error, a.c.result)
-                .where(a.c.id.in_(ids)))}
-            out = []
-            for r in steps:
-                row, done = live.get(r.id), ended.get(r.id)
-                state = (done.state if done is not None else
-                         row.state if row is not None else "UNKNOWN")
-                out.append(StepStatus(
-                    r.name, r.id, r.queue, state, sorted(after.get(r.id, [])),
-                    (done or row).attempts_count if (done or row) is not None else 0,
-                    done.error if done is not None else (row.last_error if row else None),
-                    r.on_failure, done.result if done is not None else None))
-            return out
-
-        return await self._transaction(read)  # type: ignore[no-any-return]
-
-    async def workflows(self, limit: int) -> list[WorkflowSummary]:
-        s, a = self.schema.step, self.schema.archive
-        done = case((a.c.state == State.COMPLETED.value, 1), else_=0)
-        q = (select(s.c.workflow, func.count(), func.count(a.c.id), func.sum(done),
-                    func.min(s.c.created_at).label("created"))
-             .select_from(s.outerjoin(a, a.c.id == s.c.id))
-             .group_by(s.c.workflow).order_by(func.min(s.c.created_at).desc(),
-                                              s.c.workflow).limit(limit))
-
-        async def read(conn: AsyncConnection) -> list[WorkflowSummary]:
-            return [WorkflowSummary(w, int(total), int(ended), int(completed or 0), created)
-                    for w, total, ended, completed, created in await conn.execute(q)]
-
-        return await self._transaction(read)  # type: ignore[no-any-return]
-
-    async def dependencies(self, msg_id: int) -> list[Dependency]:
-        s, n, a = self.schema.step, self.schema.step_need, self.schema.archive
-        q = (select(n.c.needs, s.c.name, a.c.state, a.c.error, a.c.result)
-             .select_from(n.join(s, s.c.id == n.c.needs).outerjoin(a, a.c.id == n.c.needs))
-             .where(n.c.step == msg_id).order_by(n.c.needs))
-
-        async def read(conn: AsyncConnection) -> list[Dependency]:
-            return [Dependency(name, needs, state or "UNKNOWN", error, result)
-                    for needs, name, state, error, result in await conn.execute(q)]
-
-        return await self._transaction(read)  # type: ignore[no-any-return]
-
     # ---- in a settle's or a cancel's transaction -----------------------------------------------
 
     async def _steps_settled(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
@@ -215,7 +165,7 @@ class WorkflowStatements:
                                               [history_entry(0, "cancelled", error=reason)],
                                               reason)
             if level.cancelled:
-                await conn.execute(_set_status(s), [{"p_id": i, "p_status": _CANCELLED}
+                await conn.execute(_set_status(s), [{"p_id": i, "p_status": _CASCADED}
                                                     for i in level.cancelled])
                 await self._announce(conn, sorted(level.cancelled))
             ended = dict.fromkeys(level.cancelled, _CANCELLED)
@@ -256,6 +206,48 @@ class WorkflowStatements:
             wake = self._queue_wake_statement(queue)
             if wake is not None:
                 await conn.execute(wake)
+
+    async def _steps_requeued(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
+        """Requeued messages ``ids`` that are steps run again, so the steps their failure
+        cancelled wait for them again, and so on down: each back in the table as WAITING
+        (its archive row moved), its count of dependencies not yet ended made anew; one
+        that another failed dependency still holds back stays cancelled."""
+        s, n, m, a = (self.schema.step, self.schema.step_need, self.schema.message,
+                      self.schema.archive)
+        frontier = list((await conn.execute(select(s.c.id).where(s.c.id.in_(sorted(ids)))
+                                            )).scalars())
+        if frontier:
+            await conn.execute(update(s).where(s.c.id.in_(frontier)).values(status=_RELEASED))
+        while frontier:
+            found = select(s.c.id, s.c.on_failure).where(
+                s.c.id.in_(select(n.c.step).where(n.c.needs.in_(frontier))),
+                s.c.status == _CASCADED).order_by(s.c.id)
+            if self.LOCK_FOR_REQUEUE:
+                found = found.with_for_update()
+            cancelled = {r.id: r.on_failure for r in await conn.execute(found)}
+            if not cancelled:
+                return
+            needs: dict[int, list[int]] = {}
+            for step, need in await conn.execute(select(n.c.step, n.c.needs)
+                                                 .where(n.c.step.in_(sorted(cancelled)))):
+                needs.setdefault(step, []).append(need)
+            ended = dict((await conn.execute(select(a.c.id, a.c.state).where(
+                a.c.id.in_(sorted({d for ds in needs.values() for d in ds}))))).all())
+            counts = revived_counts(cancelled, needs, ended)
+            if not counts:
+                return
+            back = sorted(counts)
+            await conn.execute(insert(m).from_select(
+                ["id", "queue", "headers", "payload", "state", "attempts_count",
+                 "deliveries_count", "created_at", "history", "priority"],
+                select(a.c.id, a.c.queue, a.c.headers, a.c.payload, literal(_WAITING),
+                       literal(0), literal(0), a.c.created_at, a.c.history, a.c.priority)
+                .where(a.c.id.in_(back))))
+            await conn.execute(delete(a).where(a.c.id.in_(back)))
+            await conn.execute(update(s).where(s.c.id == bindparam("p_id")).values(
+                status=_WAITING, waiting=bindparam("p_waiting")),
+                [{"p_id": i, "p_waiting": w} for i, w in counts.items()])
+            frontier = back
 
     async def _cancelled_step(self, conn: AsyncConnection, msg_id: int) -> None:
         """Message ``msg_id``, just archived CANCELLED by ``cancel``, ends as a step (if
@@ -302,4 +294,4 @@ def _released(m: Table, at: bool) -> Any:
         ordered=bindparam("p_ordered", type_=m.c.ordered.type))
 
 
-__all__ = ["WorkflowStatements"]
+__all__ = ["StepStatements"]
