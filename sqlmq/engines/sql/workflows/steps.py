@@ -152,8 +152,9 @@ class StepStatements:
                        for r in await conn.execute(waiting)]
             if not waiters:
                 return
-            names = dict((await conn.execute(select(s.c.id, s.c.name)
-                                             .where(s.c.id.in_(sorted(ended))))).all())
+            names = {} if all(v == State.COMPLETED for v in ended.values()) else dict(
+                (await conn.execute(select(s.c.id, s.c.name)  # for the reasons of cancels
+                                    .where(s.c.id.in_(sorted(ended))))).all())
             level = next_level(waiters, [(e.step, e.needs) for e in edges], ended, names)
             if level.waiting:
                 await conn.execute(_count_down(s), [{"p_id": i, "p_waiting": w}
@@ -165,8 +166,8 @@ class StepStatements:
                                               [history_entry(0, "cancelled", error=reason)],
                                               reason)
             if level.cancelled:
-                await conn.execute(_set_status(s), [{"p_id": i, "p_status": _CASCADED}
-                                                    for i in level.cancelled])
+                await conn.execute(_statuses(s), {"p_ids": sorted(level.cancelled),
+                                                  "p_status": _CASCADED})
                 await self._announce(conn, sorted(level.cancelled))
             ended = dict.fromkeys(level.cancelled, _CANCELLED)
 
@@ -192,16 +193,25 @@ class StepStatements:
             for i, r in enumerate(rows):
                 keys[r.id] = ((None, 0) if turns is None
                               else (turns.key(r.priority, i), int(turns.ordered)))
+        # Plain steps due after one delay, the most common case, in one statement each;
+        # the others (a channel's turn, a moment) a row at a time.
+        plain: dict[float, list[int]] = {}
+        for r in steps:
+            if r.channel is None and r.due_at is None:
+                plain.setdefault(r.delay_seconds or 0.0, []).append(r.id)
+        for delay, ids_due in sorted(plain.items()):
+            await conn.execute(_released_plain(m), {"p_ids": ids_due, "p_delay": delay})
         for at in (False, True):
             params = [{"p_id": r.id, "p_channel": r.channel,
                        "p_key": keys.get(r.id, (None, 0))[0],
                        "p_ordered": keys.get(r.id, (None, 0))[1],
                        **({"p_at": r.due_at} if at else {"p_delay": r.delay_seconds or 0.0})}
-                      for r in steps if (r.due_at is not None) == at]
+                      for r in steps if (r.due_at is not None) == at
+                      and (r.channel is not None or at)]
             if params:
                 await conn.execute(_released(m, at), params)
-        await conn.execute(_set_status(s), [{"p_id": r.id, "p_status": _RELEASED}
-                                            for r in steps])
+        await conn.execute(_statuses(s), {"p_ids": [r.id for r in steps],
+                                          "p_status": _RELEASED})
         for queue in sorted({r.queue for r in steps}):
             wake = self._queue_wake_statement(queue)
             if wake is not None:
@@ -277,6 +287,23 @@ def _count_down(s: Table) -> Any:
 def _set_status(s: Table) -> Any:
     return update(s).where(s.c.id == bindparam("p_id"), s.c.status == _WAITING).values(
         status=bindparam("p_status"))
+
+
+@functools.lru_cache(maxsize=16)
+def _statuses(s: Table) -> Any:
+    """The waiting steps ``p_ids`` take status ``p_status``."""
+    return update(s).where(s.c.id.in_(bindparam("p_ids", expanding=True)),
+                           s.c.status == _WAITING).values(status=bindparam("p_status"))
+
+
+@functools.lru_cache(maxsize=16)
+def _released_plain(m: Table) -> Any:
+    """The waiting steps ``p_ids`` without a channel made what a publish writes: PENDING,
+    due after ``p_delay`` seconds."""
+    return update(m).where(m.c.id.in_(bindparam("p_ids", expanding=True)),
+                           m.c.state == _WAITING).values(
+        state=State.PENDING.value,
+        next_attempt_at=db_now_plus(bindparam("p_delay", type_=Float())))
 
 
 @functools.lru_cache(maxsize=16)
