@@ -64,9 +64,9 @@ class WorkerSpec:
     message's id, body, delivery and the worker's pid, or raise the body's ``fail``: a
     subscriber with ``results=True`` keeps it), ``step`` (a workflow's step: sleep, then
     record, noting ``early`` if one of its dependencies had not completed, and return its
-    id), ``await_signal`` (the first run records ``waits`` and waits for signal ``go``,
-    the next records ``got`` if the signal carried ``{"for": its id}``, else ``wrong``);
-    ``batch`` and ``batch_pipeline`` are batch
+    id, or reject a body with ``fail``), ``await_signal`` (the first run records ``waits``
+    and waits for signal ``go``, the next records ``got`` if the signal carried ``{"for":
+    its id}``, else ``wrong``); ``batch`` and ``batch_pipeline`` are batch
     handlers (``batch=`` in ``subscriber``): sleep, record each message, and
     (``batch_pipeline``) return ``[{"from": id}, ...]``, one per message."""
 
@@ -162,6 +162,8 @@ async def _serve(spec: WorkerSpec, log_dir: Path) -> None:
             deps = await msg.dependencies()
             early = [name for name, d in deps.items() if d.state != "COMPLETED"]
             record(msg, " early" if early else "")
+            if isinstance(msg.body, dict) and msg.body.get("fail"):
+                return await msg.reject("a failure the test asked for")
             return {"id": msg.id}
         if spec.handler == "await_signal":  # wait for signal "go" carrying its own id
             if msg.state is None:

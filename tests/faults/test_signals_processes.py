@@ -1,4 +1,4 @@
-"""Signals across processes, on the three databases: three worker processes take 300
+"""Signals across processes, on the three databases: three worker processes take 120
 messages whose handlers wait for a signal (``msg.wait_for``), and this process sends each
 its signal once it waits, in a random order: every message runs again once, reads its own
 signal, and completes; none is woken by another's signal or left waiting."""
@@ -16,7 +16,7 @@ from sqlmq import Broker
 
 from .harness import Tables, WorkerPool, WorkerSpec, executions, outcome, wait_for, wait_ready
 
-MESSAGES = 300
+MESSAGES = 120
 
 
 @pytest.mark.slow
