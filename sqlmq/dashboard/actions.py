@@ -1,7 +1,7 @@
 """The dashboard's writes: requeue a dead letter or all of a queue's, delete an archived
 message, purge a queue's archive older than a duration, pause and resume a queue, cancel a
-waiting message. Each goes through the Broker's own API (:mod:`sqlmq.operations`,
-:mod:`sqlmq.admin`), never SQL of its own.
+waiting message, send a signal to a live one. Each goes through the Broker's own API
+(:mod:`sqlmq.operations`, :mod:`sqlmq.admin`, :mod:`sqlmq.workflows`), never SQL of its own.
 
 Every write is a POST that must pass, in order: the dashboard is not read-only (403), the
 form carries this process's anti-forgery token (403, see :mod:`.auth`), its fields are
@@ -15,6 +15,7 @@ done, so a reload never repeats a write.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, quote
@@ -231,6 +232,33 @@ async def cancel(request: Request, dash: Dashboard) -> Response:
                      str(found).capitalize() + ".")
 
 
+@endpoint("page")
+async def signal(request: Request, dash: Dashboard) -> Response:
+    """``id``, ``name`` and an optional JSON ``payload``: ``Broker.signal`` (see
+    :mod:`sqlmq.workflows`)."""
+    form = await _form(request, dash)
+    view = await _message(dash, form)
+    name = views.one(form, "name", required=True)
+    assert name is not None
+    text = views.one(form, "payload")
+    try:
+        payload = None if not text else json.loads(text)
+    except ValueError as exc:
+        raise Problem(400, f"payload: not JSON ({exc})") from None
+    if not view.live:
+        raise Problem(409, f"message {view.id} has ended already ({view.state}): a signal "
+                           "would wake nothing")
+    asked = _confirmation(request, dash, form, f"Send signal {name!r} to message {view.id} "
+                          f"of queue {view.queue!r}? If it waits for it, it runs at once.",
+                          "Send signal", danger=False)
+    if asked is not None:
+        return asked
+    if not await dash.broker.signal(view.id, name, payload):
+        raise Problem(409, f"message {view.id} ended meanwhile: signal {name!r} not kept")
+    return dash.done(request, _next(request, form, f"/messages/{view.id}"),
+                     f"Sent signal {name!r} to message {view.id}.")
+
+
 def _q(name: str) -> str:
     return quote(name, safe="")
 
@@ -242,6 +270,7 @@ routes = [
     Route("/actions/pause", pause, methods=["POST"]),
     Route("/actions/resume", resume, methods=["POST"]),
     Route("/actions/cancel", cancel, methods=["POST"]),
+    Route("/actions/signal", signal, methods=["POST"]),
 ]
 
 __all__ = ["routes"]
