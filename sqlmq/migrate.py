@@ -328,6 +328,18 @@ def _v23(conn: Connection, schema: Schema) -> None:
         conn.execute(AddColumn(m.c.waits_for))
 
 
+def _v24(conn: Connection, schema: Schema) -> None:
+    """The message table's storage parameters, where the database has them (PostgreSQL's
+    fillfactor: see :data:`~sqlmq.schema.MESSAGE_STORAGE`). Pages written from now on
+    follow them; the table is not rewritten."""
+    m = schema.message
+    storage = m.dialect_kwargs.get(f"{conn.dialect.name}_with")
+    if storage:
+        table = conn.dialect.identifier_preparer.format_table(m)
+        settings = ", ".join(f"{k} = {int(v)}" for k, v in storage.items())
+        conn.exec_driver_sql(f"ALTER TABLE {table} SET ({settings})")
+
+
 def _partial_anew(conn: Connection, schema: Schema, index: Index) -> None:
     """Make ``index`` anew where its condition leaves out the messages with a
     ``fair_key`` (the condition those migrations changed) and the index there does not
@@ -376,7 +388,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
     11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17, 18: _v18,
-    19: _v19, 20: _v20, 21: _v21, 22: _v22, 23: _v23}
+    19: _v19, 20: _v20, 21: _v21, 22: _v22, 23: _v23, 24: _v24}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 23
+SCHEMA_VERSION = 24
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -51,6 +51,13 @@ MAX_QUEUE_NAME = 128
 MAX_DEDUP_KEY = 255
 #: The largest payload a broker accepts by default (``Broker(max_payload_bytes=)``).
 DEFAULT_MAX_PAYLOAD = 10 * 1024 * 1024
+
+#: PostgreSQL's storage parameters of the message table (schema version 24). Pages filled
+#: to half at insert keep room for the version each row's acquire writes: on the same page
+#: its UPDATE is logged as the changed bytes only, and needs no LOCK record to move the row
+#: to another page. The acquire's WAL a message, 522 -> 332 bytes (1,000 messages of 64
+#: bytes, ``pg_waldump``); the table takes twice the pages for what waits.
+MESSAGE_STORAGE = {"fillfactor": 50}
 
 #: The range of a message's ``priority`` (higher is taken first; 0 by default). The column
 #: is a 32-bit INTEGER everywhere; the accepted range is narrower, that of a SMALLINT, which
@@ -432,7 +439,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         *_key_and_lease_indexes(m),
         # Without AUTOINCREMENT SQLite reuses the ids of deleted rows: once the newest
         # messages are archived, a new message would get an id the archive already has.
-        sqlite_autoincrement=True,
+        sqlite_autoincrement=True, postgresql_with=MESSAGE_STORAGE,  # the latter: version 24
     )
     ready_index(message)
     ready_index_asc(message)

@@ -53,7 +53,11 @@ async def test_acquire_reads_the_ready_index_without_scanning_a_large_table(
             FROM generate_series(1, {rows}) AS g
         """))
         await conn.execute(text(f"ANALYZE {m}"))
-        if floors == "none":  # what the Spark source leases with
+        if floors == "none":  # what the Spark source leases with, planned as it plans it
+            from sqlmq.engines.postgresql.spark_ledger import _INDEX_PLANS_LOCAL
+
+            for setting in _INDEX_PLANS_LOCAL:
+                await conn.exec_driver_sql(setting)
             statement = postgresql.ACQUIRE
             args: tuple[Any, ...] = ("q1", batch, 30.0)
         else:  # what the engine acquires with: level 0 known (its floor a minute ago) or not

@@ -169,7 +169,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 23
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 24
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -276,7 +276,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 23
+        assert await broker.migrate() == SCHEMA_VERSION == 24
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -313,7 +313,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 23
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 24
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -359,7 +359,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 23
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 24
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -402,7 +402,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 23
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 24
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -535,7 +535,7 @@ async def _migrated_from(broker: Broker, version: int, *changes: Any) -> None:
                            .where(broker.schema.version.c.version >= version))
     with pytest.raises(SchemaError, match=f"version {version - 1}"):
         await broker.check_schema()
-    assert await broker.migrate() == SCHEMA_VERSION == 23
+    assert await broker.migrate() == SCHEMA_VERSION == 24
 
 
 async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
@@ -777,6 +777,38 @@ async def test_version_23_adds_the_workflow_tables_to_a_version_22_schema(
         assert await broker.engine.settle(
             [Settlement(a, step.deliveries, Outcome.COMPLETE, step=True)]) == {a}
         assert [d.id for d in await broker.engine.acquire(["q"], 10, 30)] == [b]
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_24_gives_the_message_table_its_storage_parameters(
+        db_url: str, prefix: str) -> None:
+    """PostgreSQL's message table is created, or altered by the migration from version 23,
+    with pages filled to half (:data:`sqlmq.schema.MESSAGE_STORAGE`); the other databases
+    have no such parameter and only record the version."""
+    from sqlalchemy import text
+
+    broker = Broker(db_url, table_prefix=prefix)
+    m = broker.schema.message.name
+    postgres = db_url.startswith("postgresql")
+
+    async def fillfactor() -> list[str]:
+        async with broker.db.connect() as conn:
+            found = (await conn.execute(text(
+                "SELECT reloptions FROM pg_class WHERE relname = :t"), {"t": m})).scalar()
+        return [o for o in found or [] if o.startswith("fillfactor")]
+
+    try:
+        await broker.migrate()
+        if postgres:
+            assert await fillfactor() == ["fillfactor=50"]
+        await _migrated_from(broker, 24, *([f"ALTER TABLE {m} RESET (fillfactor)"]
+                                           if postgres else []))
+        if postgres:
+            assert await fillfactor() == ["fillfactor=50"]
+        await broker.publish("q", "after")
+        assert len(await broker.engine.acquire(["q"], 10, 30)) == 1
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

@@ -16,6 +16,9 @@ from ..sql.statements import render
 from . import statements as sql
 from .notify import channel_for
 
+#: The engine's planner settings (``INDEX_PLANS_ON``) for the leasing transaction alone.
+_INDEX_PLANS_LOCAL = ("SET LOCAL enable_seqscan = off", "SET LOCAL enable_bitmapscan = off")
+
 
 class PostgresLedger(SparkLedger):
     def _take_cap(self) -> int:
@@ -24,7 +27,12 @@ class PostgresLedger(SparkLedger):
     def take(self, conn: Connection, queue: str, consumer: str, seq: int, want: int,
              lease: float) -> list[Lease]:
         """The engine's own acquire statement feeding the lease rows, in one statement: the
-        messages never travel to this process."""
+        messages never travel to this process. Planned as the engine plans its acquire
+        (``INDEX_PLANS_ON``, for this transaction only): left to itself, on the half-filled
+        pages of the message table the planner bitmap-scanned the ready rows and sorted
+        them."""
+        for setting in _INDEX_PLANS_LOCAL:
+            conn.exec_driver_sql(setting)
         got = _raw(conn, self._lease, (queue, want, float(lease), consumer, seq))
         self.checkpoint("lease:taken")
         return got  # type: ignore[return-value]
