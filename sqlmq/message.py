@@ -188,17 +188,24 @@ class Message:
         delivery to read as :attr:`state`. Not a failure: the retry strategy's attempts do
         not count it, nor does ``max_deliveries``, so a long task can save its progress and
         yield as often as it likes."""
-        if isinstance(delay, timedelta):
-            delay = delay.total_seconds()
         if delay is not None and at is not None:
             raise ValueError("defer takes delay or at, not both")
-        if delay is not None and not 0 <= delay <= MAX_DELAY:
-            raise ValueError(f"defer delay must be between 0 and {MAX_DELAY:.0f}s, got {delay}")
         if at is not None and at.tzinfo is None:
             raise ValueError(f"naive datetime {at!r}: pass a timezone-aware datetime")
+        return self._defer(delay, at, state, "defer delay")
+
+    def _defer(self, delay: float | timedelta | None, at: datetime | None, state: Any,
+               what: str, waits_for: str | None = None) -> Awaitable[None]:
+        """The defer of :meth:`defer` and :meth:`wait_for` (``what`` names ``delay`` in
+        the error of one out of range)."""
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None and not 0 <= delay <= MAX_DELAY:
+            raise ValueError(f"{what} must be between 0 and {MAX_DELAY:.0f}s, got {delay}")
         saved = self._delivery.saved_state if state is _KEEP else (
             None if state is None else encode_state(state))
-        self._decide(Decision("defer", delay=delay, at=at, saved_state=saved))
+        self._decide(Decision("defer", delay=delay, at=at, saved_state=saved,
+                              waits_for=waits_for))
         return _DONE
 
     def wait_for(self, name: str, timeout: float | timedelta | None = None, *,
@@ -212,17 +219,8 @@ class Message:
         if not isinstance(name, str) or not name or len(name) > _MAX_NAME:
             raise ValueError(f"a signal's name is a non-empty str of at most {_MAX_NAME} "
                              f"characters, got {name!r}")
-        if isinstance(timeout, timedelta):
-            timeout = timeout.total_seconds()
-        if timeout is None:
-            timeout = MAX_DELAY
-        if not 0 <= timeout <= MAX_DELAY:
-            raise ValueError(f"wait_for timeout must be between 0 and {MAX_DELAY:.0f}s, got "
-                             f"{timeout}")
-        saved = self._delivery.saved_state if state is _KEEP else (
-            None if state is None else encode_state(state))
-        self._decide(Decision("defer", delay=timeout, saved_state=saved, waits_for=name))
-        return _DONE
+        return self._defer(MAX_DELAY if timeout is None else timeout, None, state,
+                           "wait_for timeout", waits_for=name)
 
     async def signal(self) -> Signal | None:
         """What this message waited for with :meth:`wait_for` on its last run: the signal

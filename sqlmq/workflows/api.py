@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..codec import encode_state
-from ..errors import ConfigurationError, PayloadTooLarge, PublishError, UnknownWorkflow
+from ..errors import PayloadTooLarge, UnknownWorkflow
 from ..lifecycle import State
 from ..records import Cancellation
-from ..subscriber import check_name
-from .flow import Workflow
+from .flow import Workflow, checked_name
 from .records import WorkflowStatus, WorkflowSummary
 
 if TYPE_CHECKING:
@@ -47,10 +46,7 @@ class Workflows:
         ``msg_id``: a message waiting for it (``msg.wait_for(name)``) is due at once, and
         one that waits for it later takes it then. False if the message ended or does not
         exist (nothing is kept)."""
-        try:
-            check_name(name, "signal name")
-        except ConfigurationError as exc:
-            raise PublishError(str(exc)) from None
+        checked_name(name, "signal name")
         stored = None if payload is None else encode_state(payload)
         if stored is not None and len(stored) > self.max_payload_bytes:
             raise PayloadTooLarge(f"signal {name!r} for message {msg_id}: {len(stored)} bytes,"

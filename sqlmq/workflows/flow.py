@@ -18,6 +18,15 @@ if TYPE_CHECKING:
     from ..wakeups import Wakeups
 
 
+def checked_name(name: str, what: str) -> str:
+    """``name`` if it keeps a queue name's rules (the column's), else a
+    :class:`~sqlmq.errors.PublishError` naming ``what`` and why."""
+    try:
+        return check_name(name, what)
+    except ConfigurationError as exc:
+        raise PublishError(str(exc)) from None
+
+
 class Step:
     """A step added to a :class:`Workflow`: what a later step's ``after=`` names."""
 
@@ -40,10 +49,7 @@ class Workflow:
 
     def __init__(self, name: str, engine: Engine, wakeups: Wakeups,
                  max_payload_bytes: int) -> None:
-        try:
-            self.name = check_name(name, "workflow name")
-        except ConfigurationError as exc:
-            raise PublishError(str(exc)) from None
+        self.name = checked_name(name, "workflow name")
         self._engine = engine
         self._wakeups = wakeups
         self._max_payload_bytes = max_payload_bytes
@@ -83,11 +89,7 @@ class Workflow:
         return Step(self, len(self._steps) - 1, step_name)
 
     def _name_for(self, wanted: str) -> str:
-        try:
-            check_name(wanted, "step name")
-        except ConfigurationError as exc:
-            raise PublishError(str(exc)) from None
-        name, n = wanted, 1
+        name, n = checked_name(wanted, "step name"), 1
         while name in self._names:
             n += 1
             name = f"{wanted}-{n}"
@@ -124,4 +126,4 @@ class Workflow:
             self._wakeups.wake_when_visible(queue, connection)
 
 
-__all__ = ["Step", "Workflow"]
+__all__ = ["Step", "Workflow", "checked_name"]

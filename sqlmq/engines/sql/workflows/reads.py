@@ -84,5 +84,4 @@ class WorkflowReads:
         return await self._transaction(read)  # type: ignore[no-any-return]
 
 
-
 __all__ = ["WorkflowReads"]

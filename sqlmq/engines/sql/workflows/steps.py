@@ -138,14 +138,13 @@ class StepStatements:
                                         .where(n.c.needs.in_(sorted(ended))))).all()
             if not edges:
                 return
+            steps = sorted({e.step for e in edges})
             # Their messages' rows first, then theirs: the order a cancel takes them in.
-            rows = select(m.c.id).where(m.c.id.in_(sorted({e.step for e in edges}))
-                                        ).order_by(m.c.id)
+            rows = select(m.c.id).where(m.c.id.in_(steps)).order_by(m.c.id)
             if self.LOCK_FOR_REQUEUE:
                 await conn.execute(rows.with_for_update())
             waiting = select(s.c.id, s.c.waiting, s.c.on_failure).where(
-                s.c.id.in_(sorted({e.step for e in edges})), s.c.status == _WAITING
-            ).order_by(s.c.id)
+                s.c.id.in_(steps), s.c.status == _WAITING).order_by(s.c.id)
             if self.LOCK_FOR_REQUEUE:
                 waiting = waiting.with_for_update()
             waiters = [Waiter(r.id, r.waiting, r.on_failure)
@@ -262,8 +261,8 @@ class StepStatements:
     async def _cancelled_step(self, conn: AsyncConnection, msg_id: int) -> None:
         """Message ``msg_id``, just archived CANCELLED by ``cancel``, ends as a step (if
         it is one): no longer waiting itself, and what waits on it follows."""
-        await conn.execute(_set_status(self.schema.step), {"p_id": msg_id,
-                                                           "p_status": _CANCELLED})
+        await conn.execute(_statuses(self.schema.step), {"p_ids": [msg_id],
+                                                         "p_status": _CANCELLED})
         await self._steps_ended(conn, {msg_id: _CANCELLED})
 
 
@@ -281,12 +280,6 @@ def _insert_steps(s: Table) -> Any:
 @functools.lru_cache(maxsize=16)
 def _count_down(s: Table) -> Any:
     return update(s).where(s.c.id == bindparam("p_id")).values(waiting=bindparam("p_waiting"))
-
-
-@functools.lru_cache(maxsize=16)
-def _set_status(s: Table) -> Any:
-    return update(s).where(s.c.id == bindparam("p_id"), s.c.status == _WAITING).values(
-        status=bindparam("p_status"))
 
 
 @functools.lru_cache(maxsize=16)
