@@ -68,9 +68,10 @@ class OnwardSettle:
         async def _announce(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
             """The announcement of endings ``ids`` (:mod:`sqlmq.engines.sql.results`)."""
 
-        async def _steps_settled(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
-            """What the steps among ``ids`` that ended release or cancel
-            (:mod:`sqlmq.engines.sql.workflows`)."""
+        async def _steps_settled(self, conn: AsyncConnection,
+                                 settlements: Sequence[Settlement]) -> None:
+            """What the steps settled by ``settlements`` (written by this settle) that
+            ended release or cancel (:mod:`sqlmq.engines.sql.workflows`)."""
 
     #: Whether the engine's own settle statements keep results and announce endings
     #: (PostgreSQL's SETTLE: in the statement that archives); else this transaction does.
@@ -97,7 +98,7 @@ class OnwardSettle:
             await self._announce(conn, sorted(
                 s.id for s in settlements
                 if s.answers and s.outcome in CONTROL_OUTCOMES and s.id in written))
-        steps = [s.id for s in settlements if s.step and s.id in written]
+        steps = [s for s in settlements if s.step and s.id in written]
         if steps:
             await self._steps_settled(conn, steps)
         return written

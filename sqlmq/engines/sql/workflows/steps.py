@@ -28,6 +28,7 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    func,
     insert,
     literal,
     select,
@@ -38,12 +39,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
 from ....errors import PublishError
-from ....lifecycle import State, history_entry
-from ....records import NewMessages
+from ....lifecycle import Outcome, State, history_entry
+from ....new_messages import joined
+from ....records import NewMessages, Settlement
 from ....schema import Schema
 from ....sqltime import db_now_plus
 from ....workflows.graph import Waiter, next_level, revived_counts
 from ....workflows.records import StepSpec
+from ..lists import listed
 from ..publish import Flow, publish_flow, run_flow
 from ..room import room_flow
 
@@ -90,20 +93,16 @@ class StepStatements:
 
     def _workflow_flow(self, workflow: str, steps: Sequence[StepSpec],
                        dialect: Dialect) -> Flow:
-        s, n, m = self.schema.step, self.schema.step_need, self.schema.message
+        s, n = self.schema.step, self.schema.step_need
         taken = (yield select(s.c.id).where(s.c.workflow == workflow).limit(1), None).first()
         if taken is not None:
             raise PublishError(f"workflow {workflow!r} exists already: a workflow's name "
                                f"names one publish")
-        ids: list[int] = []
-        for spec in steps:
-            if not spec.after:
-                (msg_id,) = yield from self._publish_flow(spec.message)(dialect)
-            else:
-                parked = replace(spec.message, delay=0.0, at=_PARKED_AT, channel=None)
-                (msg_id,) = yield from publish_flow(m, dialect, parked, None)
-                yield _park(m), {"p_id": msg_id}
-            ids.append(int(msg_id))
+        if any(spec.message.dedup_keys is not None
+               or (spec.message.channel is not None and not spec.after) for spec in steps):
+            ids = yield from self._one_by_one(steps, dialect)
+        else:
+            ids = yield from self._all_at_once(steps, dialect)
         rows = [{"id": ids[i], "workflow": workflow, "name": spec.name,
                  "queue": spec.message.queue, "channel": spec.message.channel,
                  "delay_seconds": spec.message.delay, "due_at": spec.message.at,
@@ -117,16 +116,105 @@ class StepStatements:
             yield n.insert(), edges
         return ids
 
+    def _one_by_one(self, steps: Sequence[StepSpec], dialect: Dialect) -> Flow:
+        """The steps' messages, each published as a publish writes it (a channel's turn
+        taken, its size checked, its deduplication key looked up), or inserted waiting."""
+        m = self.schema.message
+        ids: list[int] = []
+        for spec in steps:
+            if not spec.after:
+                (msg_id,) = yield from self._publish_flow(spec.message)(dialect)
+            else:
+                parked = replace(spec.message, delay=0.0, at=_PARKED_AT, channel=None)
+                (msg_id,) = yield from publish_flow(m, dialect, parked, None)
+                yield _parked(m, dialect), {"p_ids": [msg_id]}
+            ids.append(int(msg_id))
+        return ids
+
+    def _all_at_once(self, steps: Sequence[StepSpec], dialect: Dialect) -> Flow:
+        """The steps' messages inserted waiting, a multi-row insert per run of steps that
+        share a queue, a priority and an expiry (so their ids follow the order the steps
+        were added in), then the steps that wait on nothing made what a publish writes,
+        as a release makes a step: a few statements whatever the number of steps."""
+        m = self.schema.message
+        ids: list[int] = []
+        for batch in _runs([replace(spec.message, delay=0.0, at=_PARKED_AT, channel=None)
+                            for spec in steps]):
+            ids += map(int, (yield from publish_flow(m, dialect, batch, None)))
+        yield _parked(m, dialect), {"p_ids": ids}
+        first = [(ids[i], spec.message) for i, spec in enumerate(steps) if not spec.after]
+        by_delay: dict[float, list[int]] = {}
+        for msg_id, message in first:
+            if message.at is None:
+                by_delay.setdefault(float(message.delay), []).append(msg_id)
+        for delay, due in sorted(by_delay.items()):
+            yield _released_plain(m, dialect), {"p_ids": due, "p_delay": delay}
+        at = [{"p_id": msg_id, "p_channel": None, "p_key": None, "p_ordered": 0,
+               "p_at": message.at} for msg_id, message in first if message.at is not None]
+        if at:
+            yield _released(m, True), at
+        for queue in sorted({message.queue for _, message in first}):
+            wake = self._queue_wake_statement(queue)
+            if wake is not None:
+                yield wake, None
+        return ids
+
     # ---- in a settle's or a cancel's transaction -----------------------------------------------
 
-    async def _steps_settled(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
-        """The steps among ``ids`` (written by this settle) that it ended, as the archive
-        now has them, release or cancel what waits on them."""
-        a = self.schema.archive
-        ended = dict((await conn.execute(select(a.c.id, a.c.state)
-                                         .where(a.c.id.in_(sorted(ids))))).all())
-        if ended:
+    async def _steps_settled(self, conn: AsyncConnection,
+                             settlements: Sequence[Settlement]) -> None:
+        """The steps that ``settlements`` (written by this settle) ended release or cancel
+        what waits on them. A settle's outcome is the state it archives; a DEFER ended
+        its message only if a cancel was asked for meanwhile, which the archive tells."""
+        ended = {s.id: s.outcome.value for s in settlements if s.outcome.archives}
+        deferred = sorted(s.id for s in settlements if s.outcome is Outcome.DEFER)
+        if deferred:
+            a = self.schema.archive
+            ended.update((await conn.execute(select(a.c.id, a.c.state)
+                                             .where(a.c.id.in_(deferred)))).all())
+        if ended and all(v == State.COMPLETED for v in ended.values()):
+            await self._steps_completed(conn, sorted(ended))
+        elif ended:
             await self._steps_ended(conn, ended)
+
+    async def _steps_completed(self, conn: AsyncConnection, ids: list[int]) -> None:
+        """The common ending, every step ``ids`` COMPLETED, in statements whose text is the
+        same whatever the number of steps (lists bound as one parameter, see
+        :mod:`..lists`): what waits on them counts down in an UPDATE per number of them it
+        waited on (one, mostly), and the plain steps that reach zero are released in
+        another; a step due in a channel or at a moment takes :meth:`_release_steps`."""
+        sc, s, dialect = self.schema, self.schema.step, conn.dialect
+        edges = (await conn.execute(_edges(sc.step_need, dialect), {"p_ended": ids})).all()
+        if not edges:
+            return
+        counts: dict[int, int] = {}
+        for e in edges:
+            counts[e.step] = counts.get(e.step, 0) + 1
+        waiters = sorted(counts)
+        if self.LOCK_FOR_REQUEUE:  # their messages' rows first: the order a cancel takes
+            await conn.execute(_locked(sc.message, dialect), {"p_steps": waiters})
+        by_count: dict[int, list[int]] = {}
+        for step, count in counts.items():
+            by_count.setdefault(count, []).append(step)
+        for count, steps in sorted(by_count.items()):
+            await conn.execute(_counted_down(s, dialect), {"p_steps": steps, "p_n": count})
+        ready = (await conn.execute(_ready(s, dialect), {"p_steps": waiters})).all()
+        if not ready:
+            return
+        apart = [r.id for r in ready if r.channel is not None or r.due_at is not None]
+        plain = [r for r in ready if r.channel is None and r.due_at is None]
+        if apart:
+            await self._release_steps(conn, apart)
+        if plain:
+            ids_plain = [r.id for r in plain]
+            await conn.execute(_released_after_delay(sc.message, s, dialect),
+                               {"p_ids": ids_plain})
+            await conn.execute(_statuses(s, dialect),
+                               {"p_ids": ids_plain, "p_status": _RELEASED})
+            for queue in sorted({r.queue for r in plain}):
+                wake = self._queue_wake_statement(queue)
+                if wake is not None:
+                    await conn.execute(wake)
 
     async def _steps_ended(self, conn: AsyncConnection, ended: dict[int, str]) -> None:
         """Messages ``ended`` (id to its final state) end as steps: each step waiting on
@@ -165,8 +253,8 @@ class StepStatements:
                                               [history_entry(0, "cancelled", error=reason)],
                                               reason)
             if level.cancelled:
-                await conn.execute(_statuses(s), {"p_ids": sorted(level.cancelled),
-                                                  "p_status": _CASCADED})
+                await conn.execute(_statuses(s, conn.dialect),
+                                   {"p_ids": sorted(level.cancelled), "p_status": _CASCADED})
                 await self._announce(conn, sorted(level.cancelled))
             ended = dict.fromkeys(level.cancelled, _CANCELLED)
 
@@ -177,7 +265,8 @@ class StepStatements:
         steps = (await conn.execute(
             select(s.c.id, s.c.queue, s.c.channel, s.c.delay_seconds, s.c.due_at, m.c.priority)
             .select_from(s.join(m, m.c.id == s.c.id))
-            .where(s.c.id.in_(ids), m.c.state == _WAITING).order_by(s.c.id))).all()
+            .where(listed(conn.dialect, s.c.id, "p_ids", "id"), m.c.state == _WAITING)
+            .order_by(s.c.id), {"p_ids": ids})).all()
         keys: dict[int, tuple[int | None, int]] = {}
         by_channel: dict[tuple[str, str], list[Any]] = {}
         for r in steps:
@@ -199,7 +288,8 @@ class StepStatements:
             if r.channel is None and r.due_at is None:
                 plain.setdefault(r.delay_seconds or 0.0, []).append(r.id)
         for delay, ids_due in sorted(plain.items()):
-            await conn.execute(_released_plain(m), {"p_ids": ids_due, "p_delay": delay})
+            await conn.execute(_released_plain(m, conn.dialect),
+                               {"p_ids": ids_due, "p_delay": delay})
         for at in (False, True):
             params = [{"p_id": r.id, "p_channel": r.channel,
                        "p_key": keys.get(r.id, (None, 0))[0],
@@ -209,7 +299,7 @@ class StepStatements:
                       and (r.channel is not None or at)]
             if params:
                 await conn.execute(_released(m, at), params)
-        await conn.execute(_statuses(s), {"p_ids": [r.id for r in steps],
+        await conn.execute(_statuses(s, conn.dialect), {"p_ids": [r.id for r in steps],
                                           "p_status": _RELEASED})
         for queue in sorted({r.queue for r in steps}):
             wake = self._queue_wake_statement(queue)
@@ -261,15 +351,74 @@ class StepStatements:
     async def _cancelled_step(self, conn: AsyncConnection, msg_id: int) -> None:
         """Message ``msg_id``, just archived CANCELLED by ``cancel``, ends as a step (if
         it is one): no longer waiting itself, and what waits on it follows."""
-        await conn.execute(_statuses(self.schema.step), {"p_ids": [msg_id],
-                                                         "p_status": _CANCELLED})
+        await conn.execute(_statuses(self.schema.step, conn.dialect),
+                           {"p_ids": [msg_id], "p_status": _CANCELLED})
         await self._steps_ended(conn, {msg_id: _CANCELLED})
 
 
 @functools.lru_cache(maxsize=16)
-def _park(m: Table) -> Any:
-    return update(m).where(m.c.id == bindparam("p_id")).values(
+def _edges(n: Table, dialect: Dialect) -> Any:
+    """The dependencies on any of ``p_ended``: (step, needs)."""
+    return select(n.c.step, n.c.needs).where(listed(dialect, n.c.needs, "p_ended", "id"))
+
+
+@functools.lru_cache(maxsize=16)
+def _locked(m: Table, dialect: Dialect) -> Any:
+    """The rows of messages ``p_steps`` locked, in id order."""
+    return select(m.c.id).where(listed(dialect, m.c.id, "p_steps", "id")).order_by(
+        m.c.id).with_for_update()
+
+
+@functools.lru_cache(maxsize=16)
+def _counted_down(s: Table, dialect: Dialect) -> Any:
+    """The waiting steps ``p_steps`` count ``p_n`` more of their dependencies ended (their
+    rows are locked: the count read is the latest)."""
+    return update(s).where(listed(dialect, s.c.id, "p_steps", "id"),
+                           s.c.status == _WAITING).values(
+        waiting=s.c.waiting - bindparam("p_n", type_=s.c.waiting.type))
+
+
+@functools.lru_cache(maxsize=16)
+def _ready(s: Table, dialect: Dialect) -> Any:
+    """The steps among ``p_steps`` that wait on nothing any more."""
+    return select(s.c.id, s.c.queue, s.c.channel, s.c.due_at).where(
+        listed(dialect, s.c.id, "p_steps", "id"), s.c.status == _WAITING,
+        s.c.waiting <= 0).order_by(s.c.id)
+
+
+@functools.lru_cache(maxsize=16)
+def _released_after_delay(m: Table, s: Table, dialect: Dialect) -> Any:
+    """The waiting steps ``p_ids`` without a channel or a moment made what a publish
+    writes: PENDING, due after their own delay."""
+    delay = (select(func.coalesce(s.c.delay_seconds, 0.0)).where(s.c.id == m.c.id)
+             .scalar_subquery())
+    return update(m).where(listed(dialect, m.c.id, "p_ids", "id"),
+                           m.c.state == _WAITING).values(
+        state=State.PENDING.value, next_attempt_at=db_now_plus(delay))
+
+
+@functools.lru_cache(maxsize=16)
+def _parked(m: Table, dialect: Dialect) -> Any:
+    """Messages ``p_ids``, just inserted, made steps that wait: no due time, so no acquire
+    reads them."""
+    return update(m).where(listed(dialect, m.c.id, "p_ids", "id")).values(
         state=_WAITING, next_attempt_at=None)
+
+
+def _runs(batches: list[NewMessages]) -> list[NewMessages]:
+    """Consecutive ``batches`` that share a queue, a schedule, a priority and an expiry,
+    each run joined into one, in order."""
+    runs: list[list[NewMessages]] = []
+    for b in batches:
+        if runs and _shape(runs[-1][0]) == _shape(b):
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return [joined(run)[0] for run in runs]
+
+
+def _shape(b: NewMessages) -> tuple[Any, ...]:
+    return (b.queue, b.delay, b.at, b.priority, b.expires_in, b.expires_at, b.channel)
 
 
 @functools.lru_cache(maxsize=16)
@@ -283,17 +432,17 @@ def _count_down(s: Table) -> Any:
 
 
 @functools.lru_cache(maxsize=16)
-def _statuses(s: Table) -> Any:
+def _statuses(s: Table, dialect: Dialect) -> Any:
     """The waiting steps ``p_ids`` take status ``p_status``."""
-    return update(s).where(s.c.id.in_(bindparam("p_ids", expanding=True)),
+    return update(s).where(listed(dialect, s.c.id, "p_ids", "id"),
                            s.c.status == _WAITING).values(status=bindparam("p_status"))
 
 
 @functools.lru_cache(maxsize=16)
-def _released_plain(m: Table) -> Any:
+def _released_plain(m: Table, dialect: Dialect) -> Any:
     """The waiting steps ``p_ids`` without a channel made what a publish writes: PENDING,
     due after ``p_delay`` seconds."""
-    return update(m).where(m.c.id.in_(bindparam("p_ids", expanding=True)),
+    return update(m).where(listed(dialect, m.c.id, "p_ids", "id"),
                            m.c.state == _WAITING).values(
         state=State.PENDING.value,
         next_attempt_at=db_now_plus(bindparam("p_delay", type_=Float())))
