@@ -57,7 +57,8 @@ def carried(d: Delivery, cfg: SubscriberConfig, handler: str, error: BaseExcepti
             error, decision = exc, None
             settlement = decide(d, cfg, error)
             completed = False
-    if completed and (cfg.results or WORKFLOW_HEADER in d.headers):  # a step's is read
+    # A step's result is read by its dependents; None is what a missing one reads as.
+    if completed and (cfg.results or (WORKFLOW_HEADER in d.headers and result is not None)):
         try:
             settlement.result = kept(result, cfg.max_payload_bytes, handler, d.id)
         except UnstorableResult as exc:

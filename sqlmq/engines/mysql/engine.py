@@ -14,6 +14,7 @@ has to come back to the client in between. The statements are in
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -332,6 +333,7 @@ class MysqlEngine(SlotPacket, FairPacket, IdLists, ArchiveAndStatsMixin, SqlEngi
         self._settle_archive = render(sql.SETTLE_ARCHIVE, names)
         self._settle_delete = render(sql.SETTLE_DELETE, names)
         self._settle_update = render(sql.SETTLE_UPDATE, names)
+        self._keep_results_sql = render(sql.KEEP_RESULTS, names)
         self._insert_one_sql = render(sql.INSERT_ONE, names)
         self._insert_leased_sql = render(sql.INSERT_LEASED, names)
         self._max_batch: int | None = None
@@ -456,6 +458,12 @@ class MysqlEngine(SlotPacket, FairPacket, IdLists, ArchiveAndStatsMixin, SqlEngi
         packet = [(sql.BEGIN, ()), *self._settle_statements(settlements), (sql.COMMIT, ())]
         (locked,) = await self._packet(packet, keep=[2])
         return {r[0] for r in locked}
+
+    async def _write_results(self, conn: AsyncConnection,
+                             kept: list[tuple[int, bytes]]) -> None:
+        """One statement for all of them (KEEP_RESULTS): the results as base64 in JSON."""
+        listed = json.dumps([[i, base64.b64encode(r).decode()] for i, r in kept])
+        await conn.exec_driver_sql(self._keep_results_sql, (listed,))
 
     async def _settle_in(self, conn: AsyncConnection,
                          settlements: Sequence[Settlement]) -> set[int]:

@@ -51,13 +51,20 @@ class ResultStatements:
         """In ``conn``'s transaction, after the settle statements wrote ``written``: the
         results of the COMPLETE settlements among them on their archive rows, and the
         announcement of those a caller may wait for."""
-        kept = [{"p_id": s.id, "p_result": s.result} for s in settlements
+        kept = [(s.id, s.result) for s in settlements
                 if s.result is not None and s.id in written and s.outcome is Outcome.COMPLETE]
         if kept:
-            await conn.execute(_keep(self.schema.archive), kept)
+            await self._write_results(conn, kept)
         told = sorted(s.id for s in settlements if s.answers and s.id in written)
         if told:
             await self._announce(conn, told)
+
+    async def _write_results(self, conn: AsyncConnection,
+                             kept: list[tuple[int, bytes]]) -> None:
+        """Results ``kept`` (id, result) on their archive rows, in ``conn``'s transaction:
+        an UPDATE per result (executemany)."""
+        await conn.execute(_keep(self.schema.archive),
+                           [{"p_id": i, "p_result": r} for i, r in kept])
 
     async def _announce(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
         """Announce in ``conn``'s transaction that messages ``ids`` ended (see

@@ -28,7 +28,6 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
-    func,
     insert,
     literal,
     select,
@@ -143,12 +142,11 @@ class StepStatements:
             ids += map(int, (yield from publish_flow(m, dialect, batch, None)))
         yield _parked(m, dialect), {"p_ids": ids}
         first = [(ids[i], spec.message) for i, spec in enumerate(steps) if not spec.after]
-        by_delay: dict[float, list[int]] = {}
-        for msg_id, message in first:
-            if message.at is None:
-                by_delay.setdefault(float(message.delay), []).append(msg_id)
-        for delay, due in sorted(by_delay.items()):
-            yield _released_plain(m, dialect), {"p_ids": due, "p_delay": delay}
+        # not ``yield from``: a flow is sent each statement's result, which a list takes not
+        for step in _due_after_delays(m, dialect, [(msg_id, message.delay)  # noqa: UP028
+                                                   for msg_id, message in first
+                                                   if message.at is None]):
+            yield step
         at = [{"p_id": msg_id, "p_channel": None, "p_key": None, "p_ordered": 0,
                "p_at": message.at} for msg_id, message in first if message.at is not None]
         if at:
@@ -206,11 +204,11 @@ class StepStatements:
         if apart:
             await self._release_steps(conn, apart)
         if plain:
-            ids_plain = [r.id for r in plain]
-            await conn.execute(_released_after_delay(sc.message, s, dialect),
-                               {"p_ids": ids_plain})
+            for statement, params in _due_after_delays(
+                    sc.message, dialect, [(r.id, r.delay_seconds) for r in plain]):
+                await conn.execute(statement, params)
             await conn.execute(_statuses(s, dialect),
-                               {"p_ids": ids_plain, "p_status": _RELEASED})
+                               {"p_ids": [r.id for r in plain], "p_status": _RELEASED})
             for queue in sorted({r.queue for r in plain}):
                 wake = self._queue_wake_statement(queue)
                 if wake is not None:
@@ -283,13 +281,10 @@ class StepStatements:
                               else (turns.key(r.priority, i), int(turns.ordered)))
         # Plain steps due after one delay, the most common case, in one statement each;
         # the others (a channel's turn, a moment) a row at a time.
-        plain: dict[float, list[int]] = {}
-        for r in steps:
-            if r.channel is None and r.due_at is None:
-                plain.setdefault(r.delay_seconds or 0.0, []).append(r.id)
-        for delay, ids_due in sorted(plain.items()):
-            await conn.execute(_released_plain(m, conn.dialect),
-                               {"p_ids": ids_due, "p_delay": delay})
+        for statement, params in _due_after_delays(
+                m, conn.dialect, [(r.id, r.delay_seconds) for r in steps
+                                  if r.channel is None and r.due_at is None]):
+            await conn.execute(statement, params)
         for at in (False, True):
             params = [{"p_id": r.id, "p_channel": r.channel,
                        "p_key": keys.get(r.id, (None, 0))[0],
@@ -381,20 +376,9 @@ def _counted_down(s: Table, dialect: Dialect) -> Any:
 @functools.lru_cache(maxsize=16)
 def _ready(s: Table, dialect: Dialect) -> Any:
     """The steps among ``p_steps`` that wait on nothing any more."""
-    return select(s.c.id, s.c.queue, s.c.channel, s.c.due_at).where(
+    return select(s.c.id, s.c.queue, s.c.channel, s.c.due_at, s.c.delay_seconds).where(
         listed(dialect, s.c.id, "p_steps", "id"), s.c.status == _WAITING,
         s.c.waiting <= 0).order_by(s.c.id)
-
-
-@functools.lru_cache(maxsize=16)
-def _released_after_delay(m: Table, s: Table, dialect: Dialect) -> Any:
-    """The waiting steps ``p_ids`` without a channel or a moment made what a publish
-    writes: PENDING, due after their own delay."""
-    delay = (select(func.coalesce(s.c.delay_seconds, 0.0)).where(s.c.id == m.c.id)
-             .scalar_subquery())
-    return update(m).where(listed(dialect, m.c.id, "p_ids", "id"),
-                           m.c.state == _WAITING).values(
-        state=State.PENDING.value, next_attempt_at=db_now_plus(delay))
 
 
 @functools.lru_cache(maxsize=16)
@@ -446,6 +430,17 @@ def _released_plain(m: Table, dialect: Dialect) -> Any:
                            m.c.state == _WAITING).values(
         state=State.PENDING.value,
         next_attempt_at=db_now_plus(bindparam("p_delay", type_=Float())))
+
+
+def _due_after_delays(m: Table, dialect: Dialect,
+                      steps: list[tuple[int, float | None]]) -> list[tuple[Any, Any]]:
+    """The statements that release the waiting steps ``steps`` (id, delay) without a
+    channel or a moment: one per delay (one, mostly)."""
+    by_delay: dict[float, list[int]] = {}
+    for msg_id, delay in steps:
+        by_delay.setdefault(float(delay or 0.0), []).append(msg_id)
+    return [(_released_plain(m, dialect), {"p_ids": ids, "p_delay": delay})
+            for delay, ids in sorted(by_delay.items())]
 
 
 @functools.lru_cache(maxsize=16)
