@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .errors import ChannelFull, ConfigurationError
-from .maintenance import ArchiveCleaner, ChannelSweeper, Heartbeat, Retention
+from .maintenance import ArchiveCleaner, ChannelSweeper, Heartbeat, Retention, SignalSweeper
 from .records import PausedQueue, WorkerInfo
 from .subscriber import check_queue
 from .views import ARCHIVED_STATES, DEAD_STATES
@@ -48,6 +48,7 @@ class Operations:
         _heartbeat: Heartbeat | None
         _cleaner: ArchiveCleaner | None
         _sweeper: ChannelSweeper | None
+        _signal_sweeper: SignalSweeper | None
         heartbeat_interval: float
         retention: Retention | None
 
@@ -168,11 +169,12 @@ class Operations:
         self._heartbeat = None
         self._cleaner = None
         self._sweeper = None
+        self._signal_sweeper = None
 
     def _join_registry(self) -> None:
         """Start heartbeating in the live workers registry (once a subscriber runs), and
         the duties its leader does for all (the archive's retention, forgetting idle
-        channels)."""
+        channels and ended messages' signals)."""
         if self._heartbeat is not None:
             return
         self._heartbeat = Heartbeat(self._engine, self.heartbeat_interval,
@@ -183,6 +185,8 @@ class Operations:
             self._cleaner.start()
         self._sweeper = ChannelSweeper(self._engine, lambda: self.leading)
         self._sweeper.start()
+        self._signal_sweeper = SignalSweeper(self._engine, lambda: self.leading)
+        self._signal_sweeper.start()
 
     async def _leave_registry(self) -> None:
         if self._cleaner is not None:
@@ -191,6 +195,9 @@ class Operations:
         if self._sweeper is not None:
             await self._sweeper.stop()
             self._sweeper = None
+        if self._signal_sweeper is not None:
+            await self._signal_sweeper.stop()
+            self._signal_sweeper = None
         if self._heartbeat is not None:
             await self._heartbeat.stop()
             self._heartbeat = None

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sqlmq import Broker, ConfigurationError, Message, Retention, serve_metrics
-from sqlmq.maintenance import ChannelSweeper
+from sqlmq.maintenance import ChannelSweeper, SignalSweeper
 from sqlmq.maintenance.heartbeat import MISSED_BEATS
 
 from .conftest import on_every_engine, rows, sibling, wait_until
@@ -175,6 +175,32 @@ async def test_the_leader_forgets_idle_channels(
         assert 0 in (broker._sweeper.forgotten, other._sweeper.forgotten)  # one waited
         await broker.publish("jobs", {"n": 2}, channel="tenant-1")
         await wait_until(lambda: _archived(broker, 2), message="the second message handled")
+    finally:
+        await broker.stop()
+        await other.stop()
+        await other.close()
+
+
+@on_every_engine
+async def test_the_leader_forgets_the_signals_of_ended_messages(
+    broker: Broker, db_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal sent to a message that then completed without waiting for it: the leader
+    deletes it (here at once), and only the leader sweeps."""
+    monkeypatch.setattr(SignalSweeper, "AGE", timedelta(0))
+    monkeypatch.setattr(SignalSweeper, "EVERY", 0.05)
+    monkeypatch.setattr(ChannelSweeper, "EVERY", 3600.0)
+    (msg_id,) = await broker.publish_batch("jobs", [{"n": 1}])
+    assert await broker.signal(msg_id, "approved", {"by": "ann"})
+    other = await _leader_and_other(broker, db_url, prefix)
+    try:
+        await wait_until(lambda: _archived(broker, 1), message="the message handled")
+        sweepers = [b._signal_sweeper for b in (broker, other)]
+        assert all(s is not None for s in sweepers)
+        await wait_until(lambda: sum(s.forgotten for s in sweepers) >= 1,  # type: ignore
+                         timeout=30, message="the ended message's signal forgotten")
+        assert 0 in [s.forgotten for s in sweepers]  # type: ignore[union-attr]
+        assert await broker.engine.forget_ended_signals(await broker.engine.now(), 10) == 0
     finally:
         await broker.stop()
         await other.stop()

@@ -7,6 +7,7 @@ as a publish would."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import text
@@ -299,3 +300,25 @@ async def test_a_step_cancelled_by_hand_is_not_revived_by_a_requeue(env: Env) ->
     assert await env.engine.settle([done(da, Outcome.FAIL)]) == {a}
     assert await env.engine.requeue_archived(ids=[a]) == 1
     assert await states(env) == {"a": "PENDING", "b": "CANCELLED"}
+
+
+async def test_the_signals_of_ended_messages_are_forgotten_once_old_enough(env: Env) -> None:
+    d = await waiting_for(env)
+    assert await env.engine.signal(d.id, "ok", None)
+    (again,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.signal(d.id, "late", None)  # never waited for
+    await env.publish("q")
+    (live,) = await env.engine.acquire(["q"], 10, 30)
+    assert await env.engine.signal(live.id, "ok", None)
+    assert await env.engine.settle([Settlement(d.id, again.deliveries,
+                                               Outcome.COMPLETE)]) == {d.id}
+    now = await env.engine.now()
+    assert await env.engine.forget_ended_signals(now - timedelta(hours=1), 10) == 0  # recent
+    assert await env.engine.forget_ended_signals(now + timedelta(seconds=1), 10) == 1
+    assert await env.engine.forget_ended_signals(now + timedelta(seconds=1), 10) == 0
+    # the live message's signal stays: its wait reads it
+    assert await env.engine.settle([Settlement(live.id, 1, Outcome.DEFER, delay=30.0,
+                                               waits_for="ok")]) == {live.id}
+    (back,) = await env.engine.acquire(["q"], 10, 30)
+    got = await env.engine.received_signal(live.id, back.deliveries)
+    assert got is not None and not got.timed_out

@@ -6,6 +6,7 @@ their transactions."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...workflows.records import Dependency, Signal, StepSpec, StepStatus, WorkflowSummary
@@ -61,6 +62,12 @@ class WorkflowsContract(Protocol):
         """The signal message ``msg_id`` waited for, as delivery ``deliveries`` reads it:
         the one that came (marked read by that delivery), a timeout (no signal came), or
         None if it waited for nothing."""
+        ...
+
+    async def forget_ended_signals(self, before: datetime, limit: int) -> int:
+        """Delete the signals, sent before ``before``, of up to ``limit`` messages that are
+        no longer in the table (they ended; no wait can read them): how many messages'. A
+        message requeued from the archive keeps those sent since ``before``."""
         ...
 
 

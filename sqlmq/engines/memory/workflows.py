@@ -260,6 +260,16 @@ class MemoryWorkflowCalls:
             self._workflows.signals[msg_id, waits] = (found[0], found[1], deliveries)
             return Signal(waits, found[0], found[1])
 
+    async def forget_ended_signals(self, before: datetime, limit: int) -> int:
+        with self._lock:
+            signals, rows = self._workflows.signals, self._store.rows
+            ended = sorted({msg_id for (msg_id, _), (_, sent, _) in signals.items()
+                            if sent < before and msg_id not in rows})[:limit]
+            gone = set(ended)
+            for key in [k for k, v in signals.items() if k[0] in gone and v[1] < before]:
+                del signals[key]
+            return len(ended)
+
     def _signals_waited(self, settlements: Sequence[Settlement]) -> Sequence[Settlement]:
         """``settlements``, a defer that waits for a signal that came already due now (and
         the signals a delivery read forgotten), as the SQL engines' defer writes it."""

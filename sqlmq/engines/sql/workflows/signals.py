@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, case, delete, literal, select, update
@@ -70,6 +71,21 @@ class SignalStatements:
             await conn.execute(update(g).where(g.c.message_id == msg_id, g.c.name == waits)
                                .values(read_by=deliveries))
             return Signal(waits, row.payload, row.sent_at)
+
+        return await self._transaction(work)  # type: ignore[no-any-return]
+
+    async def forget_ended_signals(self, before: datetime, limit: int) -> int:
+        m, g = self.schema.message, self.schema.signal
+        ended = ~select(m.c.id).where(m.c.id == g.c.message_id).exists()
+
+        async def work(conn: AsyncConnection) -> int:
+            found = list((await conn.execute(
+                select(g.c.message_id).where(g.c.sent_at < before, ended).distinct()
+                .order_by(g.c.message_id).limit(limit))).scalars())
+            if found:
+                await conn.execute(delete(g).where(g.c.message_id.in_(found),
+                                                   g.c.sent_at < before, ended))
+            return len(found)
 
         return await self._transaction(work)  # type: ignore[no-any-return]
 
