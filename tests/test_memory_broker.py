@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sqlmq import Broker, Retry
+from sqlmq import Broker, PublishError, Retry
 from sqlmq.engines.memory.engine import MemoryEngine
 
 from .conftest import wait_until
@@ -136,4 +137,28 @@ async def test_outbox_publish_is_handled_only_after_the_commit() -> None:
         await asyncio.sleep(0.05)
         await broker.stop()
         assert handled == ["committed"]
+    await app_db.dispose()
+
+
+async def test_a_workflow_name_taken_by_an_uncommitted_publish_is_refused_until_rollback(
+) -> None:
+    """Two callers' transactions publishing one workflow name: the second is refused while
+    the first is open (on a database the second waits for the first's commit, then is
+    refused), and free again once the first rolled back."""
+    app_db = create_async_engine("sqlite+aiosqlite://")
+    async with Broker("memory://") as broker:
+        async with app_db.connect() as first:
+            await first.begin()
+            flow = broker.workflow("order-1")
+            flow.add("q", "a")
+            await flow.publish(connection=first)
+            again = broker.workflow("order-1")
+            again.add("q", "a")
+            with pytest.raises(PublishError, match="exists already"):
+                await again.publish()
+            await first.rollback()
+        retry = broker.workflow("order-1")
+        retry.add("q", "a")
+        (step_id,) = (await retry.publish()).values()
+        assert [s.id for s in (await broker.workflow_status("order-1")).steps] == [step_id]
     await app_db.dispose()

@@ -52,6 +52,10 @@ class MemoryWorkflows:
         default_factory=dict)
     steps: dict[int, StepRow] = field(default_factory=dict)
     by_workflow: dict[str, list[int]] = field(default_factory=dict)
+    #: The names of workflows published in a caller's transaction not yet committed: a
+    #: second publish of one is refused, as the SQL engines' unique index refuses it once
+    #: the first commits (they make it wait until then; this engine cannot).
+    reserved: set[str] = field(default_factory=set)
     dependents: dict[int, list[int]] = field(default_factory=dict)
     needs: dict[int, list[int]] = field(default_factory=dict)
 
@@ -59,7 +63,7 @@ class MemoryWorkflows:
              now: datetime) -> tuple[list[Row], list[int], Callable[[], None]]:
         """The rows of ``specs`` (not yet visible), their ids, and what records the steps
         once they are."""
-        if workflow in self.by_workflow:
+        if workflow in self.by_workflow or workflow in self.reserved:
             raise PublishError(f"workflow {workflow!r} exists already: a workflow's name "
                                f"names one publish")
         rows: list[Row] = []
@@ -212,15 +216,23 @@ class MemoryWorkflowCalls:
                 self._store.add(rows)
                 record()
                 self._writes += 1
+            else:
+                self._workflows.reserved.add(workflow)
 
         def commit() -> None:
             with self._lock:
+                self._workflows.reserved.discard(workflow)
                 self._store.add(rows)
                 record()
                 self._writes += 1
 
+        def rollback() -> None:
+            with self._lock:
+                self._workflows.reserved.discard(workflow)
+            self._rolled_back(rows)
+
         if target is not None:
-            on_commit(target, object(), commit, lambda: self._rolled_back(rows))
+            on_commit(target, object(), commit, rollback)
         return ids
 
     async def workflow_steps(self, workflow: str) -> list[StepStatus]:
