@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import (
     Float,
     Table,
+    and_,
     bindparam,
     case,
     delete,
@@ -194,11 +195,7 @@ class StepStatements:
         by_count: dict[int, list[int]] = {}
         for step, count in counts.items():
             by_count.setdefault(count, []).append(step)
-        for count, steps in sorted(by_count.items()):
-            await conn.execute(_counted_down(s, dialect), {"p_steps": steps, "p_n": count})
-        ready = (await conn.execute(_ready(s, dialect), {"p_steps": waiters})).all()
-        if not ready:
-            return
+        ready = await self._counted_down(conn, waiters, by_count)
         apart = [r.id for r in ready if r.channel is not None or r.due_at is not None]
         plain = [r for r in ready if r.channel is None and r.due_at is None]
         if apart:
@@ -207,12 +204,31 @@ class StepStatements:
             for statement, params in _due_after_delays(
                     sc.message, dialect, [(r.id, r.delay_seconds) for r in plain]):
                 await conn.execute(statement, params)
-            await conn.execute(_statuses(s, dialect),
-                               {"p_ids": [r.id for r in plain], "p_status": _RELEASED})
+            if not dialect.update_returning:
+                await conn.execute(_statuses(s, dialect),
+                                   {"p_ids": [r.id for r in plain], "p_status": _RELEASED})
             for queue in sorted({r.queue for r in plain}):
                 wake = self._queue_wake_statement(queue)
                 if wake is not None:
                     await conn.execute(wake)
+
+    async def _counted_down(self, conn: AsyncConnection, waiters: list[int],
+                            by_count: dict[int, list[int]]) -> list[Any]:
+        """Count down the waiting steps ``waiters`` (``by_count``: the steps each number
+        of their dependencies just ended); the ones that reach zero. Where an UPDATE
+        returns rows (PostgreSQL, SQLite), the one that counts also says so, and marks
+        the plain ones RELEASED; MariaDB reads them after."""
+        s, dialect = self.schema.step, conn.dialect
+        returning = dialect.update_returning
+        ready: list[Any] = []
+        for count, steps in sorted(by_count.items()):
+            found = await conn.execute(_count_down_by(s, dialect, returning),
+                                       {"p_steps": steps, "p_n": count})
+            if returning:
+                ready += [r for r in found if r.waiting <= 0]
+        if not returning:
+            ready = list((await conn.execute(_ready(s, dialect), {"p_steps": waiters})).all())
+        return sorted(ready, key=lambda r: r.id)
 
     async def _steps_ended(self, conn: AsyncConnection, ended: dict[int, str]) -> None:
         """Messages ``ended`` (id to its final state) end as steps: each step waiting on
@@ -365,12 +381,20 @@ def _locked(m: Table, dialect: Dialect) -> Any:
 
 
 @functools.lru_cache(maxsize=16)
-def _counted_down(s: Table, dialect: Dialect) -> Any:
+def _count_down_by(s: Table, dialect: Dialect, returning: bool) -> Any:
     """The waiting steps ``p_steps`` count ``p_n`` more of their dependencies ended (their
-    rows are locked: the count read is the latest)."""
-    return update(s).where(listed(dialect, s.c.id, "p_steps", "id"),
-                           s.c.status == _WAITING).values(
-        waiting=s.c.waiting - bindparam("p_n", type_=s.c.waiting.type))
+    rows are locked: the count read is the latest). With ``returning``, the plain ones
+    that reach zero become RELEASED in the same UPDATE, which returns what the release
+    needs (MariaDB, which cannot return, evaluates a SET's assignments in order, so
+    there the count alone)."""
+    left = s.c.waiting - bindparam("p_n", type_=s.c.waiting.type)
+    counted = update(s).where(listed(dialect, s.c.id, "p_steps", "id"), s.c.status == _WAITING)
+    if not returning:
+        return counted.values(waiting=left)
+    released = case((and_(left <= 0, s.c.channel.is_(None), s.c.due_at.is_(None)),
+                     literal(_RELEASED)), else_=s.c.status)
+    return counted.values(waiting=left, status=released).returning(
+        s.c.id, s.c.queue, s.c.channel, s.c.due_at, s.c.delay_seconds, s.c.waiting)
 
 
 @functools.lru_cache(maxsize=16)
