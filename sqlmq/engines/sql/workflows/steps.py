@@ -1,29 +1,24 @@
 """Workflows' steps on the SQL engines, in SQLAlchemy Core (schema version 23; see
-:mod:`sqlmq.workflows`).
+:mod:`sqlmq.workflows`): what the settle, cancel or requeue of a step does to the steps
+waiting on it, in that transaction.
 
 A step that waits is a message row in state WAITING with no due time and no channel, so no
-acquire reads it, and a row in the step table with what its publish would have set. The
+acquire reads it, and a row in the step table with what its publish would have set
+(:mod:`.publishing`). The
 settle that ends a step's last dependency publishes it in its own transaction: the row
 becomes PENDING, due now or after its delay, in its channel (a turn taken as a publish
 takes one). Fencing comes with the settle: only the settlements its statements wrote end
 anything, so a stale delivery releases nothing. Concurrent settles of two dependencies of
 one step take the step's row lock in id order; the second sees the first's count.
-
-Publishing a workflow is a flow of statements (:mod:`..publish`), so that it runs in any
-transaction a publish runs in: sqlmq's own, a SQLAlchemy connection's or session's, a
-driver's connection, synchronous or not.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
-    Float,
     Table,
     and_,
     bindparam,
@@ -38,21 +33,16 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
-from ....errors import PublishError
 from ....lifecycle import Outcome, State, history_entry
-from ....new_messages import joined
-from ....records import NewMessages, Settlement
+from ....records import Settlement
 from ....schema import Schema
 from ....sqltime import db_now_plus
 from ....workflows.graph import Waiter, next_level, revived_counts
-from ....workflows.records import StepSpec
 from ..lists import listed
-from ..publish import Flow, publish_flow, run_flow
+from ..publish import run_flow
 from ..room import room_flow
+from .released import due_after_delays, released_one
 
-#: The due time a waiting step's row is inserted with, taken off at once (a publish's
-#: insert needs one; no acquire reads a row without it).
-_PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
 _NOW = db_now_plus(literal(0.0))
 _RELEASED, _CANCELLED, _WAITING = "RELEASED", State.CANCELLED.value, State.WAITING.value
 #: The status of a step a dependency's failure cancelled: a requeue of that dependency
@@ -61,102 +51,17 @@ _CASCADED = "CASCADED"
 
 
 class StepStatements:
-    """The publish of a workflow, and the release, cancellation and revival of waiting
-    steps in the transactions that end or requeue what they wait for, for
-    :class:`~..engine.SqlEngine`."""
+    """The release, cancellation and revival of waiting steps in the transactions that end
+    or requeue what they wait for, for :class:`~..engine.SqlEngine`."""
 
     schema: Schema
     LOCK_FOR_REQUEUE: bool
     _transaction: Callable[[Callable[[AsyncConnection], Awaitable[Any]]], Awaitable[Any]]
-    _run_core: Callable[..., Awaitable[Any]]
-    _run_core_sync: Callable[..., Any]
-    _publish_flow: Callable[[NewMessages], Callable[[Dialect], Flow]]
     _queue_wake_statement: Callable[[str], Executable | None]
     _saw_channels: Callable[[], None]
     _saw_free_channel: Callable[[], None]
     _archive_cancelled: Callable[..., Awaitable[None]]
     _announce: Callable[[AsyncConnection, Sequence[int]], Awaitable[None]]
-
-    # ---- publishing -------------------------------------------------------------------------
-
-    async def publish_workflow(self, workflow: str, steps: Sequence[StepSpec],
-                               executor: Any = None) -> list[int]:
-        return await self._run_core(  # type: ignore[no-any-return]
-            lambda dialect: self._workflow_flow(workflow, steps, dialect),
-            steps[0].message, executor)
-
-    def publish_workflow_sync(self, workflow: str, steps: Sequence[StepSpec],
-                              executor: Any = None) -> list[int]:
-        return self._run_core_sync(  # type: ignore[no-any-return]
-            lambda dialect: self._workflow_flow(workflow, steps, dialect),
-            steps[0].message, executor)
-
-    def _workflow_flow(self, workflow: str, steps: Sequence[StepSpec],
-                       dialect: Dialect) -> Flow:
-        s, n = self.schema.step, self.schema.step_need
-        taken = (yield select(s.c.id).where(s.c.workflow == workflow).limit(1), None).first()
-        if taken is not None:
-            raise PublishError(f"workflow {workflow!r} exists already: a workflow's name "
-                               f"names one publish")
-        if any(spec.message.dedup_keys is not None
-               or (spec.message.channel is not None and not spec.after) for spec in steps):
-            ids = yield from self._one_by_one(steps, dialect)
-        else:
-            ids = yield from self._all_at_once(steps, dialect)
-        rows = [{"id": ids[i], "workflow": workflow, "name": spec.name,
-                 "queue": spec.message.queue, "channel": spec.message.channel,
-                 "delay_seconds": spec.message.delay, "due_at": spec.message.at,
-                 "waiting": len(spec.after), "on_failure": spec.on_failure.value,
-                 "status": _WAITING if spec.after else _RELEASED}
-                for i, spec in enumerate(steps)]
-        yield _insert_steps(s), rows
-        edges = [{"step": ids[i], "needs": ids[j]}
-                 for i, spec in enumerate(steps) for j in spec.after]
-        if edges:
-            yield n.insert(), edges
-        return ids
-
-    def _one_by_one(self, steps: Sequence[StepSpec], dialect: Dialect) -> Flow:
-        """The steps' messages, each published as a publish writes it (a channel's turn
-        taken, its size checked, its deduplication key looked up), or inserted waiting."""
-        m = self.schema.message
-        ids: list[int] = []
-        for spec in steps:
-            if not spec.after:
-                (msg_id,) = yield from self._publish_flow(spec.message)(dialect)
-            else:
-                parked = replace(spec.message, delay=0.0, at=_PARKED_AT, channel=None)
-                (msg_id,) = yield from publish_flow(m, dialect, parked, None)
-                yield _parked(m, dialect), {"p_ids": [msg_id]}
-            ids.append(int(msg_id))
-        return ids
-
-    def _all_at_once(self, steps: Sequence[StepSpec], dialect: Dialect) -> Flow:
-        """The steps' messages inserted waiting, a multi-row insert per run of steps that
-        share a queue, a priority and an expiry (so their ids follow the order the steps
-        were added in), then the steps that wait on nothing made what a publish writes,
-        as a release makes a step: a few statements whatever the number of steps."""
-        m = self.schema.message
-        ids: list[int] = []
-        for batch in _runs([replace(spec.message, delay=0.0, at=_PARKED_AT, channel=None)
-                            for spec in steps]):
-            ids += map(int, (yield from publish_flow(m, dialect, batch, None)))
-        yield _parked(m, dialect), {"p_ids": ids}
-        first = [(ids[i], spec.message) for i, spec in enumerate(steps) if not spec.after]
-        # not ``yield from``: a flow is sent each statement's result, which a list takes not
-        for step in _due_after_delays(m, dialect, [(msg_id, message.delay)  # noqa: UP028
-                                                   for msg_id, message in first
-                                                   if message.at is None]):
-            yield step
-        at = [{"p_id": msg_id, "p_channel": None, "p_key": None, "p_ordered": 0,
-               "p_at": message.at} for msg_id, message in first if message.at is not None]
-        if at:
-            yield _released(m, True), at
-        for queue in sorted({message.queue for _, message in first}):
-            wake = self._queue_wake_statement(queue)
-            if wake is not None:
-                yield wake, None
-        return ids
 
     # ---- in a settle's or a cancel's transaction -----------------------------------------------
 
@@ -201,7 +106,7 @@ class StepStatements:
         if apart:
             await self._release_steps(conn, apart)
         if plain:
-            for statement, params in _due_after_delays(
+            for statement, params in due_after_delays(
                     sc.message, dialect, [(r.id, r.delay_seconds) for r in plain]):
                 await conn.execute(statement, params)
             if not dialect.update_returning:
@@ -297,7 +202,7 @@ class StepStatements:
                               else (turns.key(r.priority, i), int(turns.ordered)))
         # Plain steps due after one delay, the most common case, in one statement each;
         # the others (a channel's turn, a moment) a row at a time.
-        for statement, params in _due_after_delays(
+        for statement, params in due_after_delays(
                 m, conn.dialect, [(r.id, r.delay_seconds) for r in steps
                                   if r.channel is None and r.due_at is None]):
             await conn.execute(statement, params)
@@ -309,7 +214,7 @@ class StepStatements:
                       for r in steps if (r.due_at is not None) == at
                       and (r.channel is not None or at)]
             if params:
-                await conn.execute(_released(m, at), params)
+                await conn.execute(released_one(m, at), params)
         await conn.execute(_statuses(s, conn.dialect), {"p_ids": [r.id for r in steps],
                                           "p_status": _RELEASED})
         for queue in sorted({r.queue for r in steps}):
@@ -406,35 +311,6 @@ def _ready(s: Table, dialect: Dialect) -> Any:
 
 
 @functools.lru_cache(maxsize=16)
-def _parked(m: Table, dialect: Dialect) -> Any:
-    """Messages ``p_ids``, just inserted, made steps that wait: no due time, so no acquire
-    reads them."""
-    return update(m).where(listed(dialect, m.c.id, "p_ids", "id")).values(
-        state=_WAITING, next_attempt_at=None)
-
-
-def _runs(batches: list[NewMessages]) -> list[NewMessages]:
-    """Consecutive ``batches`` that share a queue, a schedule, a priority and an expiry,
-    each run joined into one, in order."""
-    runs: list[list[NewMessages]] = []
-    for b in batches:
-        if runs and _shape(runs[-1][0]) == _shape(b):
-            runs[-1].append(b)
-        else:
-            runs.append([b])
-    return [joined(run)[0] for run in runs]
-
-
-def _shape(b: NewMessages) -> tuple[Any, ...]:
-    return (b.queue, b.delay, b.at, b.priority, b.expires_in, b.expires_at, b.channel)
-
-
-@functools.lru_cache(maxsize=16)
-def _insert_steps(s: Table) -> Any:
-    return s.insert().values(created_at=_NOW)
-
-
-@functools.lru_cache(maxsize=16)
 def _count_down(s: Table) -> Any:
     return update(s).where(s.c.id == bindparam("p_id")).values(waiting=bindparam("p_waiting"))
 
@@ -444,42 +320,6 @@ def _statuses(s: Table, dialect: Dialect) -> Any:
     """The waiting steps ``p_ids`` take status ``p_status``."""
     return update(s).where(listed(dialect, s.c.id, "p_ids", "id"),
                            s.c.status == _WAITING).values(status=bindparam("p_status"))
-
-
-@functools.lru_cache(maxsize=16)
-def _released_plain(m: Table, dialect: Dialect) -> Any:
-    """The waiting steps ``p_ids`` without a channel made what a publish writes: PENDING,
-    due after ``p_delay`` seconds."""
-    return update(m).where(listed(dialect, m.c.id, "p_ids", "id"),
-                           m.c.state == _WAITING).values(
-        state=State.PENDING.value,
-        next_attempt_at=db_now_plus(bindparam("p_delay", type_=Float())))
-
-
-def _due_after_delays(m: Table, dialect: Dialect,
-                      steps: list[tuple[int, float | None]]) -> list[tuple[Any, Any]]:
-    """The statements that release the waiting steps ``steps`` (id, delay) without a
-    channel or a moment: one per delay (one, mostly)."""
-    by_delay: dict[float, list[int]] = {}
-    for msg_id, delay in steps:
-        by_delay.setdefault(float(delay or 0.0), []).append(msg_id)
-    return [(_released_plain(m, dialect), {"p_ids": ids, "p_delay": delay})
-            for delay, ids in sorted(by_delay.items())]
-
-
-@functools.lru_cache(maxsize=16)
-def _released(m: Table, at: bool) -> Any:
-    """A waiting step's row made what a publish writes: PENDING, due at ``p_at`` (``at``)
-    or after ``p_delay`` seconds, a channel's message waiting apart with its turn."""
-    due = (bindparam("p_at", type_=m.c.next_attempt_at.type) if at
-           else db_now_plus(bindparam("p_delay", type_=Float())))
-    channel = bindparam("p_channel", type_=m.c.channel.type)
-    return update(m).where(m.c.id == bindparam("p_id"), m.c.state == _WAITING).values(
-        state=State.PENDING.value, channel=channel,
-        next_attempt_at=case((channel.is_(None), due)),
-        channel_due_at=case((channel.is_not(None), due)),
-        fair_key=bindparam("p_key", type_=m.c.fair_key.type),
-        ordered=bindparam("p_ordered", type_=m.c.ordered.type))
 
 
 __all__ = ["StepStatements"]
