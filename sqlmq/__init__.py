@@ -39,10 +39,18 @@ if TYPE_CHECKING:
         SqlmqError,
         UnknownGroup,
         UnknownMessage,
+        UnknownSchedule,
         UnknownWorkflow,
         UnstorableResult,
     )
-    from .insights import ArchivePage, Insights, Latency, QueueDetail, QueueOverview
+    from .insights import (
+        ArchivePage,
+        ChannelOverview,
+        Insights,
+        Latency,
+        QueueDetail,
+        QueueOverview,
+    )
     from .lifecycle import AckPolicy, Archive, Outcome, State
     from .maintenance.retention import Retention
     from .message import Message
@@ -71,6 +79,7 @@ if TYPE_CHECKING:
     from .retry import Retry, RetryStrategy
     from .schedules import Cadence, Schedule, ScheduleInfo
     from .schema import SCHEMA_VERSION, Schema, archive_table, build_schema, message_table, metadata
+    from .search import SearchResult
     from .topics import TopicGroup, group_queue
     from .tracing import TracingMiddleware
     from .views import ArchiveQuery, MessageView, WindowCount
@@ -104,6 +113,7 @@ _MODULES = (
     ".retry",
     ".schedules",
     ".schema",
+    ".search",
     ".topics",
     ".tracing",
     ".views",
@@ -144,6 +154,7 @@ __all__ = [
     "Cancellation",
     "ChannelFull",
     "ChannelInfo",
+    "ChannelOverview",
     "ChannelSettings",
     "ConfigurationError",
     "ConnectTimeout",
@@ -188,6 +199,7 @@ __all__ = [
     "ScheduleInfo",
     "Schema",
     "SchemaError",
+    "SearchResult",
     "Settled",
     "Settlement",
     "Signal",
@@ -198,6 +210,7 @@ __all__ = [
     "TracingMiddleware",
     "UnknownGroup",
     "UnknownMessage",
+    "UnknownSchedule",
     "UnknownWorkflow",
     "UnstorableResult",
     "WindowCount",

@@ -190,6 +190,9 @@ class ChannelInfo:
     waiting: int
     running: int
     last_served_at: datetime | None
+    #: When the longest-waiting of its waiting messages became due (None: none waits), as
+    #: :attr:`~sqlmq.records.QueueStats.oldest_ready_at` is a queue's.
+    oldest_ready_at: datetime | None = None
 
 
 def check_channel(name: Any) -> str:

@@ -22,6 +22,10 @@ class UnknownGroup(SqlmqError, LookupError):
     """A consumer group of a topic that does not exist."""
 
 
+class UnknownSchedule(SqlmqError, LookupError):
+    """A periodic schedule the database does not know (see :mod:`sqlmq.schedules`)."""
+
+
 class UnknownWorkflow(SqlmqError, LookupError):
     """A workflow name that no publish used (see :mod:`sqlmq.workflows`)."""
 

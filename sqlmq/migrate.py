@@ -8,7 +8,7 @@ every version recorded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -340,6 +340,21 @@ def _v24(conn: Connection, schema: Schema) -> None:
         conn.exec_driver_sql(f"ALTER TABLE {table} SET ({settings})")
 
 
+def _v25(conn: Connection, schema: Schema) -> None:
+    """The schedule table's ``paused_at`` (NULL by default: every schedule runs, no table
+    is rewritten), set while an operator has paused the schedule (see
+    :mod:`sqlmq.schedules`)."""
+    s = schema.schedule
+    if "paused_at" not in {c["name"] for c in inspect(conn).get_columns(s.name)}:
+        conn.execute(AddColumn(s.c.paused_at))
+
+
+def _v26(conn: Connection, schema: Schema) -> None:
+    """The archive's text search index (see :mod:`sqlmq.search`): each database makes its
+    own kind (PostgreSQL a GIN index, MariaDB a FULLTEXT one, SQLite an FTS5 table), as
+    its engine's :data:`DatabaseSteps`; nothing shared."""
+
+
 def _partial_anew(conn: Connection, schema: Schema, index: Index) -> None:
     """Make ``index`` anew where its condition leaves out the messages with a
     ``fair_key`` (the condition those migrations changed) and the index there does not
@@ -388,7 +403,7 @@ def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
 MIGRATIONS: dict[int, Callable[[Connection, Schema], None]] = {
     1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10,
     11: _v11, 12: _v12, 13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17, 18: _v18,
-    19: _v19, 20: _v20, 21: _v21, 22: _v22, 23: _v23, 24: _v24}
+    19: _v19, 20: _v20, 21: _v21, 22: _v22, 23: _v23, 24: _v24, 25: _v25, 26: _v26}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -398,6 +413,12 @@ def current_version(conn: Connection, schema: Schema) -> int:
     return conn.execute(select(func.max(schema.version.c.version))).scalar() or 0
 
 
+#: What one database does at a version beyond the step every database shares (its
+#: engine's, as the text search index of version 26), by version: run after that step, and
+#: on a database made at once (:func:`_create`), after its tables.
+DatabaseSteps = Mapping[int, Callable[[Connection, Schema], None]]
+
+
 #: Takes the lock that makes concurrent migrators take turns, in the migrating transaction
 #: (each engine knows its database's lock); returns what releases it, where the lock
 #: outlives the transaction (MySQL's GET_LOCK), else None.
@@ -405,7 +426,7 @@ MigrationLock = Callable[[Connection], "Callable[[], None] | None"]
 
 
 def _apply(conn: Connection, schema: Schema, lock: MigrationLock | None,
-           held: list[Callable[[], None]]) -> int:
+           held: list[Callable[[], None]], own: DatabaseSteps) -> int:
     if lock is not None:
         release = lock(conn)
         if release is not None:
@@ -416,10 +437,15 @@ def _apply(conn: Connection, schema: Schema, lock: MigrationLock | None,
         return version
     if version == 0 and not _any_table(conn, schema):
         _create(conn, schema)
+        for step in steps:
+            if step in own:
+                own[step](conn, schema)
         _record(conn, schema, steps)
     else:
         for step in steps:
             MIGRATIONS[step](conn, schema)
+            if step in own:
+                own[step](conn, schema)
             _record(conn, schema, [step])
     return steps[-1]
 
@@ -443,9 +469,11 @@ def _record(conn: Connection, schema: Schema, steps: list[int]) -> None:
     conn.execute(schema.version.insert(), [{"version": s, "applied_at": now} for s in steps])
 
 
-async def migrate(db: AsyncEngine, schema: Schema, lock: MigrationLock | None = None) -> int:
+async def migrate(db: AsyncEngine, schema: Schema, lock: MigrationLock | None = None,
+                  own: DatabaseSteps | None = None) -> int:
     """Create or upgrade the schema; returns the version now in place. Engines pass their
-    database's ``lock`` (see :meth:`sqlmq.engines.sql.engine.SqlEngine.migrate`).
+    database's ``lock`` and ``own`` steps (see
+    :meth:`sqlmq.engines.sql.engine.SqlEngine.migrate`).
 
     A lock that outlives the transaction (MySQL's) is released after the COMMIT, not before:
     a migrator let in between would read the version without this one's last rows (steps
@@ -455,7 +483,7 @@ async def migrate(db: AsyncEngine, schema: Schema, lock: MigrationLock | None = 
     async with db.connect() as conn:
         try:
             async with conn.begin():
-                return await conn.run_sync(_apply, schema, lock, held)
+                return await conn.run_sync(_apply, schema, lock, held, own or {})
         finally:
             for release in held:
                 await conn.run_sync(lambda _conn, release=release: release())

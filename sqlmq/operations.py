@@ -30,7 +30,7 @@ from .errors import ChannelFull, ConfigurationError
 from .maintenance import ArchiveCleaner, ChannelSweeper, Heartbeat, Retention, SignalSweeper
 from .records import PausedQueue, WorkerInfo
 from .subscriber import check_queue
-from .views import ARCHIVED_STATES, DEAD_STATES
+from .views import ARCHIVED_STATES, DEAD_STATES, ArchiveQuery
 
 if TYPE_CHECKING:
     from .engines.contract import Engine
@@ -77,20 +77,23 @@ class Operations:
     # ---- repairs of the archive ------------------------------------------------------------
 
     async def requeue(self, *, ids: Sequence[int] | None = None, queue: str | None = None,
-                      states: Sequence[str] = DEAD_STATES, batch: int = 1000,
+                      states: Sequence[str] = DEAD_STATES,
+                      matching: ArchiveQuery | None = None, batch: int = 1000,
                       progress: Callable[[int], None] | None = None) -> int:
         """Put archived messages back in their queue as fresh deliveries (id, payload,
         headers, priority and history kept): those of ``ids``, or every one of ``queue``,
-        in ``states`` (default: the dead letters, FAILED and CANCELLED). Returns how many;
-        ``progress`` is called with the running total after each batch. Asking for neither
-        ``ids`` nor ``queue`` is an error: a requeue of everything is never an accident.
+        or every one an archive search finds (``matching``: its filters, not its page), in
+        ``states`` (default: the dead letters, FAILED and CANCELLED); every filter given
+        must match. Returns how many; ``progress`` is called with the running total after
+        each batch. Asking for none of ``ids``, ``queue`` and ``matching`` is an error: a
+        requeue of everything is never an accident.
 
         A channel message comes back under its channel's limits, ``max_size`` too: a batch
         that would overfill a channel raises :class:`~sqlmq.ChannelFull` and moves nothing
         (the batches before it stay requeued; the error says how many)."""
-        if ids is None and queue is None:
-            raise ConfigurationError("requeue needs ids or a queue (refusing to requeue "
-                                     "every archived message)")
+        if ids is None and queue is None and matching is None:
+            raise ConfigurationError("requeue needs ids, a queue or an archive search "
+                                     "(refusing to requeue every archived message)")
         ids = None if ids is None else [int(i) for i in ids]
         queue = None if queue is None else check_queue(queue)
         moved = 0
@@ -104,20 +107,21 @@ class Operations:
         try:
             return await _batches(
                 [lambda n, s=s: self._engine.requeue_archived(queue=queue, ids=ids, state=s,
-                                                              limit=n)
-                 for s in _states(states)], batch, moving)
+                                                              limit=n, matching=matching)
+                 for s in _states(states, matching)], batch, moving)
         except ChannelFull as exc:
             raise ChannelFull(f"{exc} by the batch of the requeue that met it; {moved} "
                               f"requeued before it stay requeued") from None
 
     async def purge(self, *, older_than: timedelta | float | None = None,
                     queue: str | None = None, states: Sequence[str] = ARCHIVED_STATES,
-                    ids: Sequence[int] | None = None, batch: int = 1000,
-                    progress: Callable[[int], None] | None = None) -> int:
+                    ids: Sequence[int] | None = None, matching: ArchiveQuery | None = None,
+                    batch: int = 1000, progress: Callable[[int], None] | None = None) -> int:
         """Delete archived messages (live ones are never touched): those archived longer
         than ``older_than`` ago (a timedelta or seconds, on the database clock), of
-        ``queue``, of ``ids``, in ``states``; every filter given must match. Returns how
-        many."""
+        ``queue``, of ``ids``, in ``states``, that an archive search finds (``matching``:
+        its filters, not its page); every filter given must match. Returns how many;
+        ``progress`` is called with the running total after each batch."""
         before = None
         if older_than is not None:
             try:
@@ -131,12 +135,13 @@ class Operations:
             before = await self._engine.now() - age
         ids = None if ids is None else [int(i) for i in ids]
         queue = None if queue is None else check_queue(queue)
-        wanted: list[str | None] = list(_states(states))
+        wanted: list[str | None] = list(_states(states, matching))
         if set(wanted) == set(ARCHIVED_STATES):  # every state: one pass, not one per state
             wanted = [None]
         return await _batches(
             [lambda n, s=s: self._engine.purge_archived(queue=queue, ids=ids, state=s,
-                                                        before=before, limit=n)
+                                                        before=before, limit=n,
+                                                        matching=matching)
              for s in wanted], batch, progress)
 
     async def delete(self, msg_id: int) -> bool:
@@ -221,12 +226,16 @@ class Operations:
         return (found, sum(s["running"] for s in found), sum(s["held"] for s in found))
 
 
-def _states(states: Sequence[str]) -> list[str]:
+def _states(states: Sequence[str], matching: ArchiveQuery | None = None) -> list[str]:
+    """The states to move, one pass each: those of ``states`` an archive search
+    ``matching`` also lets through."""
     wanted = [str(s).upper() for s in ([states] if isinstance(states, str) else states)]
     unknown = [s for s in wanted if s not in ARCHIVED_STATES]
     if unknown or not wanted:
         raise ConfigurationError(f"no archived state {', '.join(unknown) or '(none given)'} "
                                  f"(states: {', '.join(ARCHIVED_STATES)})")
+    if matching is not None and matching.states:
+        wanted = [s for s in wanted if s in matching.states]
     return list(dict.fromkeys(wanted))
 
 

@@ -13,11 +13,18 @@ tick is later than the last one published, publishes the message, records the ti
 unique key and moves ``last_tick_at``, in one transaction (see
 :mod:`sqlmq.engines.sql.schedules`). Processes that come second find the tick taken.
 
-Ticks missed while no process ran (or since a cadence changed) are handled by the
-schedule's ``catch_up``: ``"latest"`` publishes one message for the most recent missed
-tick, ``"all"`` one per missed tick (the latest ``max_catch_up``), ``"none"`` none (a tick
-is missed when it is more than :data:`ON_TIME` old). A schedule whose cadence changed
-starts afresh: ticks of the new cadence before the change are not its own.
+Ticks missed while no process ran are handled by the schedule's ``catch_up``:
+``"latest"`` publishes one message for the most recent missed tick, ``"all"`` one per
+missed tick (the latest ``max_catch_up``), ``"none"`` none (a tick is missed when it is
+more than :data:`ON_TIME` old). A schedule whose cadence changed starts afresh: ticks of
+the new cadence before the change are not its own.
+
+An operator may **pause** a schedule (``Broker.pause_schedule``, schema version 25): the
+engine publishes none of its ticks while it is paused, whichever process asks, and a
+restart or a deploy that registers it again leaves it paused. Ticks that fell while it was
+paused are missed ticks like those of a stopped process: once it is resumed,
+``catch_up`` decides, so ``"latest"`` publishes one message for the latest of them,
+``"none"`` nothing, and only ``"all"`` publishes a burst (at most ``max_catch_up``).
 
 This module is the model (what is due, and when to wake); it does no I/O.
 """
@@ -222,6 +229,14 @@ class ScheduleInfo:
     registered_at: datetime
     last_tick_at: datetime | None
     last_message_id: int | None
+    #: Since when an operator has paused it (database clock; None: it runs). While paused,
+    #: no process publishes its ticks; resumed, the ticks it missed meanwhile are missed
+    #: ticks like any other, and its ``catch_up`` decides (see :data:`CATCH_UP_POLICIES`).
+    paused_at: datetime | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
 
     @property
     def since(self) -> datetime:

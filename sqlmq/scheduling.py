@@ -1,5 +1,6 @@
 """The broker's periodic schedules (see :mod:`sqlmq.schedules`): ``periodic`` registers
-one, the broker's start runs them, ``schedules`` and ``delete_schedule`` look after them."""
+one, the broker's start runs them, ``schedules``, ``pause_schedule``, ``resume_schedule``
+and ``delete_schedule`` look after them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from .engines.contract import Engine
-from .errors import ConfigurationError
+from .errors import ConfigurationError, UnknownSchedule
 from .maintenance import Ticker
 from .publishing import prepare
 from .schedules import MAX_CATCH_UP, Cadence, CatchUp, Schedule, ScheduleInfo
@@ -89,6 +90,30 @@ class Scheduling:
         still running it registers it again at its next round: remove it from the code
         first."""
         return await self._engine.delete_schedule(name)
+
+    async def pause_schedule(self, name: str) -> bool:
+        """Pause schedule ``name`` for every process that runs it, until
+        :meth:`resume_schedule`: no tick is published meanwhile, and a process that starts
+        (or registers it again) leaves it paused. False: it was paused already. An unknown
+        name is an :class:`~sqlmq.errors.UnknownSchedule` naming the schedules that exist."""
+        return await self._set_paused(name, True)
+
+    async def resume_schedule(self, name: str) -> bool:
+        """Let schedule ``name`` publish again. The ticks that fell while it was paused are
+        missed ticks: its ``catch_up`` decides (``"latest"``: one message for the latest of
+        them, ``"all"``: each, at most ``max_catch_up``, ``"none"``: none). False: it was
+        not paused."""
+        changed = await self._set_paused(name, False)
+        if changed and self._ticker is not None:
+            self._ticker.changed()  # this process publishes what is due at once
+        return changed
+
+    async def _set_paused(self, name: str, paused: bool) -> bool:
+        changed = await self._engine.pause_schedule(name, paused)
+        if changed is None:
+            known = ", ".join(repr(s.name) for s in await self._engine.schedules()) or "none"
+            raise UnknownSchedule(f"no schedule named {name!r} (schedules: {known})")
+        return changed
 
     def _ticker_of(self) -> Ticker:
         if self._ticker is None:

@@ -42,7 +42,7 @@ from sqlalchemy.types import TypeDecorator
 from .errors import ConfigurationError
 
 #: Bumped by every migration in :mod:`sqlmq.migrate`.
-SCHEMA_VERSION = 24
+SCHEMA_VERSION = 26
 
 DEFAULT_PREFIX = "sqlmq_"
 MAX_QUEUE_NAME = 128
@@ -679,9 +679,12 @@ def _schedule_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
     policy, since when this cadence holds (``registered_at``: ticks before it are not its
     own) and the last tick it published. A process that publishes a tick locks this row
     first, so processes take turns per schedule and a tick at or before ``last_tick_at`` is
-    never published again. ``schedule_tick``: the ticks published recently, one row per
-    (schedule, tick) under the primary key, so that even a process that did not take the
-    lock could not publish a tick twice; it names the message each tick published.
+    never published again. ``paused_at`` (schema version 25; NULL: running): since when an
+    operator paused it; no process publishes its ticks while it is set, and registering the
+    schedule again (a restart, a deploy) leaves it paused. ``schedule_tick``: the ticks
+    published recently, one row per (schedule, tick) under the primary key, so that even a
+    process that did not take the lock could not publish a tick twice; it names the message
+    each tick published.
     """
     schedule = Table(
         f"{prefix}schedule",
@@ -695,6 +698,7 @@ def _schedule_tables(prefix: str, md: MetaData) -> tuple[Table, Table]:
         Column("registered_at", UTCDateTime(), nullable=False),
         Column("last_tick_at", UTCDateTime()),
         Column("last_message_id", BigInteger),
+        Column("paused_at", UTCDateTime()),
     )
     tick = Table(
         f"{prefix}schedule_tick",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Float
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
@@ -57,6 +58,43 @@ def _my(element: db_now_plus, compiler: Any, **kw: Any) -> str:
 @compiles(db_now_plus, "sqlite")
 def _lite(element: db_now_plus, compiler: Any, **kw: Any) -> str:
     return sqlite_now_plus(_argument(compiler, element, **kw))
+
+
+def sqlite_seconds_since(moment: str) -> str:
+    return f"((julianday('now') - julianday({moment})) * 86400.0)"
+
+
+def pg_seconds_since(moment: str) -> str:
+    return f"CAST(EXTRACT(EPOCH FROM (now() - {moment})) AS DOUBLE PRECISION)"
+
+
+def mysql_seconds_since(moment: str) -> str:
+    return f"(TIMESTAMPDIFF(MICROSECOND, {moment}, UTC_TIMESTAMP(6)) / 1000000.0)"
+
+
+class db_seconds_since(FunctionElement[Any]):
+    """Seconds from ``moment`` (a SQL expression of a time column) to now on the database
+    clock: the age of a row, as a chart groups rows by it."""
+
+    type = Float()
+    inherit_cache = True
+    name = "db_seconds_since"
+
+
+@compiles(db_seconds_since, "postgresql")
+def _pg_since(element: db_seconds_since, compiler: Any, **kw: Any) -> str:
+    return pg_seconds_since(_argument(compiler, element, **kw))
+
+
+@compiles(db_seconds_since, "mysql")
+@compiles(db_seconds_since, "mariadb")
+def _my_since(element: db_seconds_since, compiler: Any, **kw: Any) -> str:
+    return mysql_seconds_since(_argument(compiler, element, **kw))
+
+
+@compiles(db_seconds_since, "sqlite")
+def _lite_since(element: db_seconds_since, compiler: Any, **kw: Any) -> str:
+    return sqlite_seconds_since(_argument(compiler, element, **kw))
 
 
 # A settle's new history with the database's time as its newest entry's "at": the runtime

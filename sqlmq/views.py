@@ -2,7 +2,7 @@
 archived), a search of the archive, and what a queue did over recent windows.
 
 The engines fill them (``message_view``, ``search_archive``, ``archive_activity``,
-``latency_sample``, ``delivery_counts`` in :mod:`sqlmq.engines.contract`);
+``archive_buckets``, ``latency_sample``, ``delivery_counts`` in :mod:`sqlmq.engines.contract`);
 :mod:`sqlmq.insights` composes them for the CLI, the dashboard and the metrics, so no edge
 writes its own SQL.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -52,6 +53,14 @@ class MessageView:
     #: :mod:`sqlmq.results`), encoded as :func:`sqlmq.codec.encode_state` stores a value;
     #: None: nothing kept. :meth:`result_parts` splits it.
     result: bytes | None = None
+    #: When its first delivery was taken (None: never delivered).
+    first_attempt_at: datetime | None = None
+    #: When the delivery that holds it now was taken (live and PROCESSING only).
+    acquired_at: datetime | None = None
+    #: What it waits on (live only; a :class:`sqlmq.waits.Wait` value), and the signal it
+    #: waits for, if its handler deferred it until one comes.
+    waits: str | None = None
+    waits_for: str | None = None
 
     @property
     def live(self) -> bool:
@@ -95,6 +104,9 @@ class MessageView:
             "next_attempt_at": _iso(self.next_attempt_at),
             "lease_expires_at": _iso(self.lease_expires_at), "error": self.error,
             "history": self.history, "channel": self.channel,
+            "first_attempt_at": _iso(self.first_attempt_at),
+            "acquired_at": _iso(self.acquired_at), "waits": self.waits,
+            "waits_for": self.waits_for,
         }
         try:
             self.payload.decode()
@@ -146,6 +158,29 @@ class WindowCount:
     retried: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class BucketCount:
+    """What left a queue in one bucket of a chart: the messages archived between
+    ``(index + 1) * step`` and ``index * step`` seconds before now (database time; bucket 0
+    is the newest), by final state, and how many of them took more than one delivery."""
+
+    queue: str
+    index: int
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    expired: int = 0
+    retried: int = 0
+
+
+def bucket_index(steps: float, span: float, step: float) -> int:
+    """The bucket of a row archived ``steps`` buckets of ``step`` seconds ago (its age over
+    ``step``), in a chart of the last ``span`` seconds: a row a clock tick ahead of now
+    goes in the newest, one archived exactly ``span`` ago in the oldest."""
+    last = max(0, math.ceil(span / step) - 1)
+    return min(max(0, math.floor(steps)), last)
+
+
 def _result_json(content_type: str, payload: bytes) -> dict[str, Any]:
     """A kept result for JSON: ``result`` decoded (JSON or text), or ``result_base64``."""
     try:
@@ -161,5 +196,5 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-__all__ = ["ARCHIVED_STATES", "DEAD_STATES", "ArchiveQuery", "MessageView",
-           "WindowCount"]
+__all__ = ["ARCHIVED_STATES", "DEAD_STATES", "ArchiveQuery", "BucketCount", "MessageView",
+           "WindowCount", "bucket_index"]

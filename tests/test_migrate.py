@@ -169,7 +169,7 @@ async def test_version_3_adds_priority_to_a_version_2_schema_with_rows(
             await brokers[0].check_schema()
 
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 24
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 26
         await brokers[0].check_schema()
 
         def look(conn: Any) -> tuple[Any, ...]:
@@ -276,7 +276,7 @@ async def test_version_4_replaces_the_indexes_version_3_made(db_url: str, prefix
                     lambda c: {ix["name"] for ix in inspect(c).get_indexes(m)})
 
         assert {f"ix_{m}_due", f"ix_{m}_ready"} <= await indexes()
-        assert await broker.migrate() == SCHEMA_VERSION == 24
+        assert await broker.migrate() == SCHEMA_VERSION == 26
         names = await indexes()
         assert f"ix_{m}_ready_asc" in names
         assert not {f"ix_{m}_due", f"ix_{m}_ready"} & names
@@ -313,7 +313,7 @@ async def test_version_11_adds_the_operations_tables_to_a_version_10_schema(
 
         assert not new & await tables()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 24
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 26
         assert new <= await tables()
         await brokers[0].check_schema()
         assert await brokers[0].pause("q")
@@ -359,7 +359,7 @@ async def test_version_12_adds_the_archives_channel_to_a_version_11_schema(
 
         assert "channel" not in await columns()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 24
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 26
         assert "channel" in await columns()
         view = await brokers[0].insights().message(7)
         assert view is not None and (view.state, view.channel, view.payload) == (
@@ -402,7 +402,7 @@ async def test_version_13_gives_the_waiting_channel_messages_their_turns(
         with pytest.raises(SchemaError, match="version 12"):
             await brokers[0].check_schema()
         versions = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 24
+        assert versions == [SCHEMA_VERSION] * 4 and SCHEMA_VERSION == 26
         await brokers[0].check_schema()
         got = await brokers[1].engine.acquire(["q"], q + 1, 30)
         assert [d.id for d in got] == [*a[:q], b1]  # a's first quantum, then b's turn
@@ -535,7 +535,7 @@ async def _migrated_from(broker: Broker, version: int, *changes: Any) -> None:
                            .where(broker.schema.version.c.version >= version))
     with pytest.raises(SchemaError, match=f"version {version - 1}"):
         await broker.check_schema()
-    assert await broker.migrate() == SCHEMA_VERSION == 24
+    assert await broker.migrate() == SCHEMA_VERSION == 26
 
 
 async def _index_back_to(broker: Broker, db_url: str, name: str, columns: str,
@@ -809,6 +809,27 @@ async def test_version_24_gives_the_message_table_its_storage_parameters(
             assert await fillfactor() == ["fillfactor=50"]
         await broker.publish("q", "after")
         assert len(await broker.engine.acquire(["q"], 10, 30)) == 1
+    finally:
+        await broker.close()
+        drop_tables(db_url, prefix)
+
+
+async def test_version_25_adds_the_schedules_pause_to_a_version_24_schema(
+        db_url: str, prefix: str) -> None:
+    """A version-24 schedule table has no ``paused_at``: the migration adds it (NULL: the
+    schedules registered before run on), and a pause written afterwards holds."""
+    broker = Broker(db_url, table_prefix=prefix)
+    s = broker.schema.schedule
+    try:
+        await broker.migrate()
+        nightly = broker.periodic("nightly", cron="0 3 * * *", body=1)
+        await broker.engine.register_schedule(nightly)
+        await _migrated_from(broker, 25, f"ALTER TABLE {s.name} DROP COLUMN paused_at")
+        (info,) = await broker.schedules()
+        assert (info.name, info.paused_at) == ("nightly", None)
+        assert await broker.pause_schedule("nightly") is True
+        (info,) = await broker.schedules()
+        assert info.paused
     finally:
         await broker.close()
         drop_tables(db_url, prefix)

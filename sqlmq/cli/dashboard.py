@@ -94,6 +94,7 @@ async def dashboard(broker: Broker, host: str, port: int, token: str | None, rea
     server = _server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
                                     server_header=False))
     await server.serve(sockets=[sock])
+    await app.state.dashboard.jobs.stop()  # a bulk repair in flight: its batch rolls back
     return 0
 
 

@@ -1,5 +1,5 @@
-"""``sqlmq groups``, ``channels`` and ``schedules``: what routes and paces messages (see
-:mod:`sqlmq.topics`, :mod:`sqlmq.channels`, :mod:`sqlmq.schedules`)."""
+"""``sqlmq groups``, ``channels`` and ``schedules``: what routes, paces and times messages
+(see :mod:`sqlmq.topics`, :mod:`sqlmq.channels`, :mod:`sqlmq.schedules`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 from ..broker import Broker
 from ..channels import ChannelSettings
 from ..errors import SqlmqError
-from .common import PositiveInt, database, json_option, print_json
+from .common import PositiveInt, UsageError, database, json_option, print_json
 
 
 @click.group("groups")
@@ -143,12 +143,27 @@ async def channels_reset(broker: Broker, name: str) -> int:
 
 
 @click.command("schedules")
+@click.option("--pause", metavar="NAME", help="pause the schedule NAME: no tick until resumed")
+@click.option("--resume", metavar="NAME", help="let the paused schedule NAME tick again")
 @click.option("--delete", metavar="NAME", help="forget the schedule NAME and its ticks")
 @json_option
 @database
-async def schedules(broker: Broker, delete: str | None, as_json: bool) -> int:
-    """Periodic schedules: last and next tick, or --delete one."""
+async def schedules(broker: Broker, pause: str | None, resume: str | None,
+                    delete: str | None, as_json: bool) -> int:
+    """Periodic schedules: last and next tick; or --pause, --resume or --delete one."""
     await broker.check_schema()
+    if sum(name is not None for name in (pause, resume, delete)) > 1:
+        raise UsageError("give one of --pause, --resume and --delete")
+    if pause is not None:
+        done = await broker.pause_schedule(pause)
+        print(f"paused schedule {pause!r}: no process publishes its ticks until it is resumed"
+              if done else f"schedule {pause!r} was paused already")
+        return 0
+    if resume is not None:
+        done = await broker.resume_schedule(resume)
+        print(f"resumed schedule {resume!r}; its catch_up decides what it missed"
+              if done else f"schedule {resume!r} was not paused")
+        return 0
     if delete is not None:
         if not await broker.delete_schedule(delete):
             known = ", ".join(repr(s.name) for s in await broker.schedules()) or "none"
@@ -160,13 +175,18 @@ async def schedules(broker: Broker, delete: str | None, as_json: bool) -> int:
               "catch_up": s.catch_up,
               "last_tick": s.last_tick_at and s.last_tick_at.isoformat(),
               "last_message_id": s.last_message_id,
-              "next_tick": s.next_tick(now).isoformat()} for s in await broker.schedules()]
+              "next_tick": None if s.paused else s.next_tick(now).isoformat(),
+              "paused_at": s.paused_at and s.paused_at.isoformat()}
+             for s in await broker.schedules()]
     if as_json:
         print_json(found)
         return 0
     print("\t".join(("name", "queue", "cadence", "catch_up", "last tick", "message",
                      "next tick")))
     for r in found:
+        paused = r.pop("paused_at")
+        if paused is not None:
+            r["next_tick"] = f"paused since {paused}"
         print("\t".join("" if v is None else str(v) for v in r.values()))
     return 0
 

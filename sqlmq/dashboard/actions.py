@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, quote
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -27,65 +26,9 @@ from starlette.routing import Route
 
 from ..views import ARCHIVED_STATES, DEAD_STATES, MessageView
 from . import views
-from .auth import check_csrf
 from .context import Dashboard, endpoint
 from .views import Problem
-
-
-async def _form(request: Request, dash: Dashboard) -> FormData:
-    if dash.read_only:
-        raise Problem(403, "this dashboard is read-only (started with --read-only): it "
-                           "changes nothing")
-    form = await _read_form(request)
-    refused = check_csrf(form, dash.csrf)
-    if refused is not None:
-        raise Problem(403, refused)
-    return form
-
-
-#: A write's form is a few short fields.
-MAX_FORM = 64 * 1024
-
-
-async def _read_form(request: Request) -> FormData:
-    """The URL-encoded form the dashboard's pages send (parsed here: no multipart parser
-    needed, and nothing larger than a form is read)."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
-        raise Problem(415, "a write is a form POST (application/x-www-form-urlencoded), as "
-                           "the dashboard's pages send")
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM:
-            raise Problem(413, f"the form is over {MAX_FORM // 1024} KiB")
-    try:
-        return FormData(parse_qsl(body.decode(), keep_blank_values=True))
-    except (UnicodeDecodeError, ValueError):
-        raise Problem(400, "the form is not valid URL-encoded UTF-8") from None
-
-
-def _next(request: Request, form: FormData, default: str) -> str:
-    """Where to go once done: the page the form was on (a path of this site only, so a
-    forged form cannot send the browser elsewhere), else ``default``."""
-    base = request.scope.get("root_path", "")
-    to = form.get("next")
-    if isinstance(to, str) and to.startswith(f"{base}/") and not to.startswith("//") \
-            and "\\" not in to and "\n" not in to and "\r" not in to:
-        return to
-    return base + default
-
-
-def _confirmation(request: Request, dash: Dashboard, form: FormData, question: str,
-                  button: str, *, danger: bool = True) -> Response | None:
-    """None if ``form`` was confirmed; else the page that asks."""
-    if form.get("confirmed") == "1":
-        return None
-    fields = [(k, v) for k, v in form.multi_items()
-              if k not in ("csrf", "confirmed") and isinstance(v, str)]
-    return dash.render(request, "confirm.html", title="Confirm", nav="", question=question,
-                       button=button, danger=danger, action=request.url.path, fields=fields,
-                       back=_next(request, form, "/"))
+from .writes import confirmation, form_of, next_page, quoted
 
 
 async def _message(dash: Dashboard, form: FormData) -> MessageView:
@@ -107,7 +50,7 @@ def _queue(form: FormData) -> str:
 @endpoint("page")
 async def requeue(request: Request, dash: Dashboard) -> Response:
     """``id``: one dead letter; ``queue``: every dead letter of the queue."""
-    form = await _form(request, dash)
+    form = await form_of(request, dash)
     broker = dash.broker
     if views.one(form, "id") is not None:
         view = await _message(dash, form)
@@ -117,7 +60,7 @@ async def requeue(request: Request, dash: Dashboard) -> Response:
         if view.state not in DEAD_STATES:
             raise Problem(409, f"message {view.id} ended {view.state}, it is not a dead "
                                "letter: the dashboard requeues FAILED and CANCELLED messages")
-        asked = _confirmation(request, dash, form, f"Requeue message {view.id} ({view.state} "
+        asked = confirmation(request, dash, form, f"Requeue message {view.id} ({view.state} "
                               f"in queue {view.queue!r}) as a fresh delivery? It runs again.",
                               "Requeue", danger=False)
         if asked is not None:
@@ -126,29 +69,29 @@ async def requeue(request: Request, dash: Dashboard) -> Response:
         if n == 0:
             raise Problem(409, f"message {view.id} was requeued, deleted or purged "
                                "meanwhile: nothing done")
-        return dash.done(request, _next(request, form, f"/messages/{view.id}"),
+        return dash.done(request, next_page(request, form, f"/messages/{view.id}"),
                          f"Requeued message {view.id} to queue {view.queue!r}.")
     queue = _queue(form)
     stats = next((s for s in await broker.stats() if s.queue == queue), None)
     dead = 0 if stats is None else stats.failed + stats.cancelled
-    asked = _confirmation(request, dash, form, f"Requeue all {dead:,} dead letters (FAILED and "
+    asked = confirmation(request, dash, form, f"Requeue all {dead:,} dead letters (FAILED and "
                           f"CANCELLED) of queue {queue!r}? They all run again.",
                           f"Requeue {dead:,}", danger=dead > 0)
     if asked is not None:
         return asked
     n = await broker.requeue(queue=queue)
-    return dash.done(request, _next(request, form, f"/queue?name={_q(queue)}"),
+    return dash.done(request, next_page(request, form, f"/queue?name={quoted(queue)}"),
                      f"Requeued {n:,} dead letter(s) of queue {queue!r}.")
 
 
 @endpoint("page")
 async def delete(request: Request, dash: Dashboard) -> Response:
-    form = await _form(request, dash)
+    form = await form_of(request, dash)
     view = await _message(dash, form)
     if view.live:
         raise Problem(409, f"message {view.id} is {view.state}, not archived: the dashboard "
                            "deletes archived messages only (cancel it instead)")
-    asked = _confirmation(request, dash, form, f"Delete archived message {view.id} "
+    asked = confirmation(request, dash, form, f"Delete archived message {view.id} "
                           f"({view.state} in queue {view.queue!r}) for good? This cannot be "
                           "undone.", "Delete")
     if asked is not None:
@@ -156,15 +99,15 @@ async def delete(request: Request, dash: Dashboard) -> Response:
     if not await dash.broker.delete(view.id):
         raise Problem(409, f"message {view.id} was deleted, requeued or purged meanwhile")
     # the message's own page is gone: back to the archive of its queue, unless elsewhere
-    to = _next(request, form, f"/archive?queue={_q(view.queue)}")
+    to = next_page(request, form, f"/archive?queue={quoted(view.queue)}")
     if to.split("?")[0].endswith(f"/messages/{view.id}"):
-        to = request.scope.get("root_path", "") + f"/archive?queue={_q(view.queue)}"
+        to = request.scope.get("root_path", "") + f"/archive?queue={quoted(view.queue)}"
     return dash.done(request, to, f"Deleted archived message {view.id}.")
 
 
 @endpoint("page")
 async def purge(request: Request, dash: Dashboard) -> Response:
-    form = await _form(request, dash)
+    form = await form_of(request, dash)
     queue = _queue(form)
     text = views.one(form, "older_than")
     age = views.duration("older_than", text)
@@ -174,13 +117,13 @@ async def purge(request: Request, dash: Dashboard) -> Response:
                            f"{', '.join(ARCHIVED_STATES)})")
     states = ARCHIVED_STATES if state == "ALL" else (state,)
     which = "archived messages" if state == "ALL" else f"{state} messages"
-    asked = _confirmation(request, dash, form, f"Delete the {which} of queue {queue!r} "
+    asked = confirmation(request, dash, form, f"Delete the {which} of queue {queue!r} "
                           f"archived more than {views.age(age.total_seconds())} ago? This "
                           "cannot be undone.", "Purge")
     if asked is not None:
         return asked
     n = await dash.broker.purge(older_than=age, queue=queue, states=states)
-    return dash.done(request, _next(request, form, f"/queue?name={_q(queue)}"),
+    return dash.done(request, next_page(request, form, f"/queue?name={quoted(queue)}"),
                      f"Purged {n:,} {which} of queue {queue!r} older than {text}.")
 
 
@@ -188,14 +131,14 @@ def _switch(verb: str, question: Callable[[str], str],
             said: Callable[[str, bool], str]) -> Any:
     @endpoint("page")
     async def run(request: Request, dash: Dashboard) -> Response:
-        form = await _form(request, dash)
+        form = await form_of(request, dash)
         queue = _queue(form)
-        asked = _confirmation(request, dash, form, question(queue), verb.capitalize(),
+        asked = confirmation(request, dash, form, question(queue), verb.capitalize(),
                               danger=verb == "pause")
         if asked is not None:
             return asked
         changed = await getattr(dash.broker, verb)(queue)
-        return dash.done(request, _next(request, form, f"/queue?name={_q(queue)}"),
+        return dash.done(request, next_page(request, form, f"/queue?name={quoted(queue)}"),
                          said(queue, changed))
 
     run.__name__ = verb
@@ -214,13 +157,13 @@ resume = _switch(
 
 @endpoint("page")
 async def cancel(request: Request, dash: Dashboard) -> Response:
-    form = await _form(request, dash)
+    form = await form_of(request, dash)
     view = await _message(dash, form)
     if not view.live:
         raise Problem(409, f"message {view.id} has ended already ({view.state}): nothing to "
                            "cancel")
     running = view.state == "PROCESSING"
-    asked = _confirmation(
+    asked = confirmation(
         request, dash, form, f"Cancel message {view.id} of queue {view.queue!r}? " + (
             "It is running: its handler is asked to stop, and unless it succeeds it ends "
             "CANCELLED." if running else "It is archived CANCELLED and never runs."),
@@ -228,7 +171,7 @@ async def cancel(request: Request, dash: Dashboard) -> Response:
     if asked is not None:
         return asked
     found = await dash.broker.cancel(view.id)
-    return dash.done(request, _next(request, form, f"/messages/{view.id}"),
+    return dash.done(request, next_page(request, form, f"/messages/{view.id}"),
                      str(found).capitalize() + ".")
 
 
@@ -236,7 +179,7 @@ async def cancel(request: Request, dash: Dashboard) -> Response:
 async def signal(request: Request, dash: Dashboard) -> Response:
     """``id``, ``name`` and an optional JSON ``payload``: ``Broker.signal`` (see
     :mod:`sqlmq.workflows`)."""
-    form = await _form(request, dash)
+    form = await form_of(request, dash)
     view = await _message(dash, form)
     name = views.one(form, "name", required=True)
     assert name is not None
@@ -248,19 +191,15 @@ async def signal(request: Request, dash: Dashboard) -> Response:
     if not view.live:
         raise Problem(409, f"message {view.id} has ended already ({view.state}): a signal "
                            "would wake nothing")
-    asked = _confirmation(request, dash, form, f"Send signal {name!r} to message {view.id} "
+    asked = confirmation(request, dash, form, f"Send signal {name!r} to message {view.id} "
                           f"of queue {view.queue!r}? If it waits for it, it runs at once.",
                           "Send signal", danger=False)
     if asked is not None:
         return asked
     if not await dash.broker.signal(view.id, name, payload):
         raise Problem(409, f"message {view.id} ended meanwhile: signal {name!r} not kept")
-    return dash.done(request, _next(request, form, f"/messages/{view.id}"),
+    return dash.done(request, next_page(request, form, f"/messages/{view.id}"),
                      f"Sent signal {name!r} to message {view.id}.")
-
-
-def _q(name: str) -> str:
-    return quote(name, safe="")
 
 
 routes = [

@@ -26,7 +26,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
 from ..broker import Broker
-from . import actions, pages, workflows
+from . import actions, bulk, channels, groups, live, pages, schedules, search, workflows
 from .auth import SecurityHeaders, TokenGate
 from .context import Dashboard
 
@@ -54,7 +54,9 @@ def create_app(broker: Broker, *, token: str | None = None, read_only: bool = Fa
     if token is not None:
         middleware.append(Middleware(TokenGate, token=token))
     app = Starlette(
-        routes=[*pages.routes, *workflows.routes, *actions.routes,
+        routes=[*pages.routes, *workflows.routes, *actions.routes, *channels.routes,
+                *schedules.routes, *groups.routes, *bulk.routes, *live.routes,
+                *search.routes,
                 Mount("/static", app=StaticFiles(directory=STATIC), name="static")],
         middleware=middleware,
         exception_handlers={404: _not_found, 405: _not_allowed})

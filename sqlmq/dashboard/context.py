@@ -29,6 +29,7 @@ from ..errors import ConfigurationError, SchemaError, SqlmqError
 from ..insights import WINDOWS
 from . import views
 from .auth import new_secret
+from .jobs import Jobs
 from .views import Problem
 
 log = logging.getLogger("sqlmq.dashboard")
@@ -61,6 +62,8 @@ class Dashboard:
         #: The anti-forgery token of this process's forms (see :mod:`.auth`).
         self.csrf = new_secret()
         self.templates = _templates()
+        #: The bulk repairs running or done (see :mod:`.jobs`).
+        self.jobs = Jobs()
 
     def render(self, request: Request, template: str, *, status_code: int = 200,
                **context: Any) -> Response:

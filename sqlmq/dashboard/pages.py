@@ -16,19 +16,24 @@ from starlette.routing import Route
 from ..insights import QueueDetail
 from ..records import PausedQueue
 from ..views import ARCHIVED_STATES, DEAD_STATES, ArchiveQuery
-from . import views
+from . import bulk, charts, live, views
 from .context import Dashboard, endpoint
+from .timeline import timeline
 from .views import Problem
 
 #: The queue page's throughput chart: the last hour, in buckets of two minutes.
 CHART_SPAN = 3600.0
 CHART_STEP = 120.0
+#: The overview's chart and sparklines: the last hour, minute by minute.
+OVERVIEW_STEP = 60.0
 
 
 # ---- the queues overview -------------------------------------------------------------------
 
 
-async def _overview(dash: Dashboard) -> dict[str, Any]:
+async def _overview(dash: Dashboard, *, drawn: bool = True) -> dict[str, Any]:
+    """The overview's figures; ``drawn``: with its chart and sparklines too (one more read
+    of the archive's last hour, for all queues at once)."""
     broker = dash.broker
     queues = await broker.insights().queues()
     paused = {p.queue: p for p in await broker.paused()}
@@ -37,8 +42,14 @@ async def _overview(dash: Dashboard) -> dict[str, Any]:
     totals["dead"] = totals["failed"] + totals["cancelled"]
     totals["done_1m"] = sum(q.activity["1m"].completed for q in queues)
     totals["failed_15m"] = sum(q.activity["15m"].failed for q in queues)
-    return {"queues": queues, "paused": paused, "workers": workers, "totals": totals,
-            "idle_paused": sorted(set(paused) - {q.queue for q in queues})}
+    found = {"queues": queues, "paused": paused, "workers": workers, "totals": totals,
+             "idle_paused": sorted(set(paused) - {q.queue for q in queues})}
+    if drawn:
+        flows = await broker.insights().throughput_by_queue(
+            [q.queue for q in queues], span=CHART_SPAN, step=OVERVIEW_STEP)
+        found |= {"sparks": charts.sparklines(flows),
+                  "chart": charts.throughput(charts.total(flows), OVERVIEW_STEP)}
+    return found
 
 
 @endpoint("page")
@@ -54,7 +65,7 @@ async def overview_fragment(request: Request, dash: Dashboard) -> Response:
 
 @endpoint("json")
 async def queues_json(request: Request, dash: Dashboard) -> Response:
-    found = await _overview(dash)
+    found = await _overview(dash, drawn=False)
     return JSONResponse([views.overview_json(q, found["paused"]) for q in found["queues"]])
 
 
@@ -79,7 +90,8 @@ async def _queue(request: Request, dash: Dashboard) -> dict[str, Any]:
 @endpoint("page")
 async def queue(request: Request, dash: Dashboard) -> Response:
     found = await _queue(request, dash)
-    return dash.render(request, "queue.html", title=found["name"], nav="queues", **found)
+    return dash.render(request, "queue.html", title=found["name"], nav="queues", **found,
+                       **await live.section(request, dash, found["name"]))
 
 
 @endpoint("fragment")
@@ -127,7 +139,7 @@ async def archive(request: Request, dash: Dashboard) -> Response:
         filters=views.archive_params(query),
         next_params=None if page.next is None else views.archive_params(page.next,
                                                                          next_page=True),
-        deeper=query.after is not None)
+        deeper=query.after is not None, **await bulk.matching(dash, query))
 
 
 @endpoint("json")
@@ -158,6 +170,7 @@ async def message(request: Request, dash: Dashboard) -> Response:
                        msg=view, payload=views.payload(view.payload),
                        result=views.kept_result(view),
                        history=views.history_rows(view.history),
+                       deliveries=timeline(view, await dash.broker.engine.now()),
                        dead=not view.live and view.state in DEAD_STATES)
 
 

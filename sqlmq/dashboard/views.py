@@ -20,6 +20,7 @@ import click
 from ..insights import WINDOWS, Bucket, Latency, QueueDetail, QueueOverview
 from ..records import PausedQueue, WorkerInfo
 from ..views import ARCHIVED_STATES, ArchiveQuery, MessageView
+from . import charts
 
 #: The archive browser's page size, by default and at most (the engine allows more; a
 #: page of a browser is for reading).
@@ -341,6 +342,8 @@ def detail_json(d: QueueDetail, paused: Mapping[str, PausedQueue],
 
 
 def next_tick(schedule: Any, now: datetime) -> datetime | None:
+    if schedule.paused:  # none until it is resumed
+        return None
     try:
         return schedule.next_tick(now)
     except Exception:  # a cadence that has no next tick (a cron that never fires again)
@@ -351,15 +354,8 @@ def charts_json(buckets: list[Bucket], step: float,
                 percentiles: list[tuple[float, float]]) -> dict[str, Any]:
     """What the queue page's charts draw: per-minute rates at each bucket's end (unix
     seconds), and the latency curve."""
-    scale = 60.0 / step
     return {
-        "throughput": {
-            "t": [b.end.timestamp() for b in buckets],
-            "completed": [b.completed * scale for b in buckets],
-            "failed": [(b.failed + b.cancelled + b.expired) * scale for b in buckets],
-            "retried": [b.retried * scale for b in buckets],
-            "step": step,
-        },
+        "throughput": charts.throughput(buckets, step),
         "latency": {"percentile": [p for p, _ in percentiles],
                     "seconds": [s for _, s in percentiles]},
     }

@@ -3,7 +3,9 @@
 Each round reads the schedules' state and the clock from the database, asks the engine to
 publish the ticks that are due (the engine makes processes take turns per tick), then
 sleeps until the next tick of any schedule. Every process that registered a schedule runs
-it: there is no leader to lose. A body function that fails (or whose value cannot be
+it: there is no leader to lose. A paused schedule is passed over (the engine refuses its
+ticks too, should a pause land during a round); a round after its resume publishes what
+its ``catch_up`` says of the ticks it missed. A body function that fails (or whose value cannot be
 published) is logged with its traceback, and its schedule rests with a growing delay before
 that tick is tried again; the other schedules go on. A database fault backs the whole loop
 off.
@@ -110,7 +112,8 @@ class Ticker:
             info = known.get(schedule.name)
             if info is None:  # deleted while this process runs it: made again
                 info = await self.engine.register_schedule(schedule)
-            await self._publish_due(schedule, info, now)
+            if not info.paused:  # the engine refuses its ticks anyway: no body is made
+                await self._publish_due(schedule, info, now)
         wake = min((self._next(s, now) for s in self.schedules), default=None)
         if wake is None:
             return MAX_WAIT

@@ -34,6 +34,7 @@ from ...records import (
 )
 from ...schedules import Schedule, ScheduleInfo
 from ...schema import Schema
+from ...views import ArchiveQuery, MessageView
 from .operations import OperationsContract
 from .results import AnswerSource, ResultsContract
 from .topics import TopicsContract
@@ -125,12 +126,19 @@ class Engine(OperationsContract, ResultsContract, TopicsContract, WorkflowsContr
         """Forget a schedule and its ticks; False if there was none."""
         ...
 
+    async def pause_schedule(self, name: str, paused: bool) -> bool | None:
+        """Pause schedule ``name`` (``paused``) or resume it, for every process: from the
+        commit on, :meth:`fire_tick` publishes none of its ticks until it is resumed (it
+        reads the pause under the row's lock), and :meth:`register_schedule` keeps the
+        pause. True: done; False: it was so already; None: no such schedule."""
+        ...
+
     async def fire_tick(self, name: str, tick: datetime,
                         produce: Callable[[], Awaitable[NewMessages]]) -> int | None:
         """Publish the message ``produce()`` makes for ``tick`` of schedule ``name``, unless
-        the schedule has published this tick or a later one (or is gone): the message's id,
-        else None. Processes take turns per schedule; ``produce`` runs only for a tick that
-        is taken, and an error it raises publishes nothing."""
+        the schedule has published this tick or a later one (or is gone, or paused): the
+        message's id, else None. Processes take turns per schedule; ``produce`` runs only
+        for a tick that is taken, and an error it raises publishes nothing."""
         ...
 
     # ---- consuming -------------------------------------------------------------------------
@@ -201,7 +209,18 @@ class Engine(OperationsContract, ResultsContract, TopicsContract, WorkflowsContr
         ...
 
     async def channels(self) -> list[ChannelInfo]:
-        """Every channel with its settings and how many of its messages wait and run."""
+        """Every channel with its settings, how many of its messages wait and run, and when
+        the longest-waiting of them became due."""
+        ...
+
+    async def channel_served(self, window: float) -> dict[str, int]:
+        """Per channel, how many of its messages were archived (in any final state) in the
+        last ``window`` seconds of the database clock. Channels with none are left out."""
+        ...
+
+    async def channel_messages(self, channel: str, limit: int) -> list[MessageView]:
+        """The live messages (waiting and running) of ``channel``, in publish order (by
+        id), at most ``limit`` of them."""
         ...
 
     async def cancel(self, msg_id: int) -> Cancellation:
@@ -259,20 +278,24 @@ class Engine(OperationsContract, ResultsContract, TopicsContract, WorkflowsContr
     async def requeue_archived(
         self, *, queue: str | None = None, ids: Sequence[int] | None = None,
         state: str = State.FAILED, limit: int | None = None,
+        matching: ArchiveQuery | None = None,
     ) -> int:
         """Move archived messages back to the table as fresh PENDING messages (id, payload,
         headers, priority and history kept), at most ``limit`` (lowest ids first) in one
         transaction; returns how many. A caller moving 100k rows loops on a limit, so that
-        an interrupt leaves whole batches done and none half done."""
+        an interrupt leaves whole batches done and none half done. ``matching``: the
+        filters of an archive search must match too (as ``search_archive`` reads them; its
+        page, ``after`` and ``limit``, plays no part)."""
         ...
 
     async def purge_archived(
         self, *, queue: str | None = None, state: str | None = None,
         before: datetime | None = None, limit: int | None = None,
-        ids: Sequence[int] | None = None,
+        ids: Sequence[int] | None = None, matching: ArchiveQuery | None = None,
     ) -> int:
-        """Delete archived messages matching every filter given, at most ``limit`` (lowest
-        ids first) in one transaction; returns how many."""
+        """Delete archived messages matching every filter given (``matching``: an archive
+        search's filters, as for :meth:`requeue_archived`), at most ``limit`` (lowest ids
+        first) in one transaction; returns how many."""
         ...
 
     async def stats(self) -> list[QueueStats]:

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ...records import PausedQueue, Whereabouts, WorkerBeat, WorkerInfo
-from ...views import ArchiveQuery, MessageView, WindowCount
+from ...views import ArchiveQuery, BucketCount, MessageView, WindowCount
+from ...waits import LiveQuery
 
 
 class OperationsContract(Protocol):
@@ -25,10 +26,30 @@ class OperationsContract(Protocol):
         """A page of the archive matching ``query``, newest first (keyset-paginated)."""
         ...
 
+    async def search_archive_text(self, words: Sequence[str], limit: int,
+                                  before: int | None = None) -> list[MessageView]:
+        """The archived messages each of whose ``words`` (lower case letters and digits,
+        as :func:`sqlmq.search.words` gives them) begins a word of their header values or
+        error (see :mod:`sqlmq.search`), newest first by id, at most ``limit`` of them,
+        with ids below ``before`` if given. Read from the database's text index (schema
+        version 26), not by reading the archive."""
+        ...
+
     async def archive_activity(self, windows: Sequence[float]) -> list[WindowCount]:
         """Per queue and window (seconds back from the database clock): how many messages
         were archived in each final state, and how many of them took more than one
         delivery. Queues with nothing archived in the widest window are left out."""
+        ...
+
+    async def archive_buckets(self, span: float, step: float,
+                              queue: str | None = None) -> list[BucketCount]:
+        """Per queue (or ``queue`` only) and ``step``-second bucket of the last ``span``
+        seconds on the database clock: how many messages were archived in each final
+        state, and how many of them took more than one delivery (see
+        :class:`~sqlmq.views.BucketCount` and :func:`~sqlmq.views.bucket_index` for which
+        bucket a row is in). Buckets with nothing archived are left out. One statement
+        whatever the number of queues and buckets: a chart of every queue costs one read
+        of the archive's last ``span`` seconds."""
         ...
 
     async def latency_sample(self, queue: str, window: float, limit: int) -> list[float]:
@@ -38,6 +59,23 @@ class OperationsContract(Protocol):
 
     async def delivery_counts(self, queue: str) -> dict[int, int]:
         """How many of ``queue``'s live messages have had each number of deliveries."""
+        ...
+
+    async def live_messages(self, query: LiveQuery) -> list[MessageView]:
+        """A page of a queue's live messages (see :class:`~sqlmq.waits.LiveQuery`), each
+        with what it waits on (``waits``, by the rules of :mod:`sqlmq.waits`, on the
+        database clock)."""
+        ...
+
+    async def live_waits(self, queue: str) -> dict[str, int]:
+        """How many of ``queue``'s live messages wait on each :class:`~sqlmq.waits.Wait`
+        (the values waited on by none are left out)."""
+        ...
+
+    async def count_archive(self, query: ArchiveQuery, most: int | None = None) -> int:
+        """How many archived messages pass ``query``'s filters (its page, ``after`` and
+        ``limit``, plays no part), counting at most ``most`` (None: all), so that a page
+        that shows the count of a search of a large archive stays cheap."""
         ...
 
     async def whereabouts(self, ids: Sequence[int]) -> dict[int, Whereabouts]:

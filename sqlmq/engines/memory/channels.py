@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ...channels import (
@@ -24,6 +24,7 @@ from ...channels import (
 )
 from ...lifecycle import State
 from ...records import Delivery
+from ...views import MessageView
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _WAITING = (State.PENDING, State.RETRYABLE)
@@ -259,12 +260,18 @@ class MemoryChannels:
     def infos(self, rows: Iterable[Any]) -> list[ChannelInfo]:
         waiting: dict[str, int] = {}
         running: dict[str, int] = {}
+        oldest: dict[str, datetime] = {}
         for r in rows:
             if r.channel is not None:
                 into = running if r.state == State.PROCESSING else waiting
                 into[r.channel] = into.get(r.channel, 0) + 1
+                due = r.next_attempt_at if r.next_attempt_at is not None else r.channel_due_at
+                if r.state != State.PROCESSING and due is not None and (
+                        r.channel not in oldest or due < oldest[r.channel]):
+                    oldest[r.channel] = due
         return [ChannelInfo(c.name, c.queue, c.settings, self.effective(c),
-                            waiting.get(c.name, 0), running.get(c.name, 0), c.served_at)
+                            waiting.get(c.name, 0), running.get(c.name, 0), c.served_at,
+                            oldest.get(c.name))
                 for c in sorted(self.channels.values(), key=lambda c: c.name)]
 
 
@@ -285,6 +292,7 @@ class MemoryChannelAdmin:
     _lock: threading.Lock
     _store: Any
     _now: Any
+    message_view: Callable[[int], Awaitable[MessageView | None]]
 
     async def set_channel(self, name: str, queue: str | None,
                           settings: ChannelSettings | None) -> bool:
@@ -307,6 +315,22 @@ class MemoryChannelAdmin:
     async def channels(self) -> list[ChannelInfo]:
         with self._lock:
             return self._store.channels.infos(self._store.rows.values())
+
+    async def channel_served(self, window: float) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        with self._lock:
+            since = self._now() - timedelta(seconds=window)
+            for a in self._store.archive.values():
+                if a.channel is not None and a.archived_at >= since:
+                    counts[a.channel] = counts.get(a.channel, 0) + 1
+        return counts
+
+    async def channel_messages(self, channel: str, limit: int) -> list[MessageView]:
+        with self._lock:
+            ids = sorted(r.id for r in self._store.rows.values() if r.channel == channel)
+        # each seen as the message view shows it; one archived meanwhile is left out
+        views = [await self.message_view(i) for i in ids[:limit]]
+        return [v for v in views if v is not None and v.live]
 
 
 __all__ = ["ChannelRow", "MemoryChannelAdmin", "MemoryChannels"]

@@ -50,7 +50,9 @@ from ...records import (
 from ...schedules import ScheduleInfo
 from ...schema import SCHEMA_VERSION, Schema
 from ...topics import TopicGroup, group_queue, queues_for
+from ...views import ArchiveQuery
 from ..sql.settle_onward import outputs_of
+from .browse import MemoryBrowsing
 from .channels import MemoryChannelAdmin, MemoryChannels
 from .insights import MemoryInsights
 from .operations import MemoryOperations
@@ -139,11 +141,6 @@ def _waiting_row(a: Archived) -> Row:
     requeue of one of them revived it: see :mod:`.workflows`)."""
     return Row(a.id, a.queue, a.headers, a.payload, a.created_at, None, state=State.WAITING,
                history=a.history, priority=a.priority)
-
-
-def _first(found: list[Archived], limit: int | None) -> list[Archived]:
-    """The batch a limited requeue or purge takes: the lowest ids, as the SQL engines'."""
-    return found if limit is None else sorted(found, key=lambda a: a.id)[:limit]
 
 
 def _copy(history: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -363,15 +360,6 @@ class MemoryStore:
             out.append(r.id)
         return out
 
-    def archived(self, queue: str | None, ids: Sequence[int] | None, state: str | None,
-                 before: datetime | None) -> list[Archived]:
-        """The archive rows matching every filter given (``None``: any)."""
-        wanted = None if ids is None else set(ids)
-        return [a for a in self.archive.values()
-                if (queue is None or a.queue == queue) and (wanted is None or a.id in wanted)
-                and (state is None or a.state == state)
-                and (before is None or a.archived_at < before)]
-
     def requeue(self, found: list[Archived], now: datetime) -> int:
         """Back to the table as fresh PENDING messages, keeping id, creation, error, history,
         priority and channel (a channel's message waits as one again, counted against its
@@ -499,8 +487,8 @@ def _requeued_key(turns: Turns | None, priority: int) -> int | None:
     return None if turns is None else turns.key(priority)
 
 
-class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChannelAdmin,
-                   MemoryResults, MemoryWorkflowCalls):
+class MemoryEngine(MemorySchedules, MemoryInsights, MemoryBrowsing, MemoryOperations,
+                   MemoryChannelAdmin, MemoryResults, MemoryWorkflowCalls):
     """The engine contract in this process's memory, thread-safe (``publish_sync`` may run
     on another thread than the subscribers' loop)."""
 
@@ -719,10 +707,10 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
 
     async def requeue_archived(self, *, queue: str | None = None,
                                ids: Sequence[int] | None = None,
-                               state: str = State.FAILED, limit: int | None = None) -> int:
+                               state: str = State.FAILED, limit: int | None = None,
+                               matching: ArchiveQuery | None = None) -> int:
         with self._lock:
-            found = self._store.archived(queue, ids, state, None)
-            picked = _first(found, limit)
+            picked = self._picked(queue, ids, state, None, limit, matching)
             moved = self._store.requeue(picked, self._now())
             self._workflows.requeued(self._store, [a.id for a in picked], _waiting_row)
             self._writes += bool(moved)
@@ -730,10 +718,10 @@ class MemoryEngine(MemorySchedules, MemoryInsights, MemoryOperations, MemoryChan
 
     async def purge_archived(self, *, queue: str | None = None, state: str | None = None,
                              before: datetime | None = None, limit: int | None = None,
-                             ids: Sequence[int] | None = None) -> int:
+                             ids: Sequence[int] | None = None,
+                             matching: ArchiveQuery | None = None) -> int:
         with self._lock:
-            return self._store.purge(_first(self._store.archived(queue, ids, state, before),
-                                            limit))
+            return self._store.purge(self._picked(queue, ids, state, before, limit, matching))
 
     async def stats(self) -> list[QueueStats]:
         with self._lock:

@@ -9,7 +9,9 @@ from datetime import timedelta
 from typing import Any
 
 from ...lifecycle import State
-from ...views import ArchiveQuery, MessageView, WindowCount
+from ...search import matches, searchable_text
+from ...views import ArchiveQuery, BucketCount, MessageView, WindowCount, bucket_index
+from .browse import archive_matches, live_view
 
 
 class MemoryInsights:
@@ -23,11 +25,7 @@ class MemoryInsights:
         with self._lock:
             r = self._store.rows.get(msg_id)
             if r is not None:
-                return MessageView(
-                    r.id, r.queue, r.state, dict(r.headers), r.payload, r.priority,
-                    r.attempts_count, r.deliveries_count, r.created_at, None,
-                    r.next_attempt_at or r.channel_due_at, r.lease_expires_at, r.last_error,
-                    _entries(r.history), r.channel)
+                return live_view(r, self._now())
             a = self._store.archive.get(msg_id)
             return None if a is None else _archived(a)
 
@@ -36,6 +34,15 @@ class MemoryInsights:
             found = [a for a in self._store.archive.values() if _matches(a, query)]
         found.sort(key=lambda a: (a.archived_at, a.id), reverse=True)
         return [_archived(a) for a in found[:query.limit]]
+
+    async def search_archive_text(self, words: Sequence[str], limit: int,
+                                  before: int | None = None) -> list[MessageView]:
+        with self._lock:  # no index: a scan, as a process's own archive is small
+            found = [a for a in self._store.archive.values()
+                     if (before is None or a.id < before)
+                     and matches(words, searchable_text(a.headers, a.error))]
+        found.sort(key=lambda a: a.id, reverse=True)
+        return [_archived(a) for a in found[:limit]]
 
     async def archive_activity(self, windows: Sequence[float]) -> list[WindowCount]:
         counted = {State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED}
@@ -55,6 +62,22 @@ class MemoryInsights:
                 c["retried"] = c.get("retried", 0) + (recent and a.deliveries_count > 1)
         return [WindowCount(q, w, **c) for (q, w), c in sorted(counts.items())]
 
+    async def archive_buckets(self, span: float, step: float,
+                              queue: str | None = None) -> list[BucketCount]:
+        counted = {State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED}
+        with self._lock:
+            now = self._now()
+            archived = list(self._store.archive.values())
+        counts: dict[tuple[str, int], dict[str, int]] = {}
+        for a in archived:
+            age = (now - a.archived_at).total_seconds()
+            if a.state not in counted or age > span or queue not in (None, a.queue):
+                continue
+            c = counts.setdefault((a.queue, bucket_index(age / step, span, step)), {})
+            c[a.state.lower()] = c.get(a.state.lower(), 0) + 1
+            c["retried"] = c.get("retried", 0) + (a.deliveries_count > 1)
+        return [BucketCount(q, i, **c) for (q, i), c in sorted(counts.items())]
+
     async def latency_sample(self, queue: str, window: float, limit: int) -> list[float]:
         with self._lock:
             since = self._now() - timedelta(seconds=window)
@@ -72,18 +95,14 @@ class MemoryInsights:
 
 
 def _matches(a: Any, q: ArchiveQuery) -> bool:
-    return ((q.queue is None or a.queue == q.queue)
-            and (not q.states or a.state in q.states)
-            and (not q.error_contains or (a.error is not None and q.error_contains in a.error))
-            and (q.archived_from is None or a.archived_at >= q.archived_from)
-            and (q.archived_to is None or a.archived_at < q.archived_to)
-            and (q.after is None or (a.archived_at, a.id) < q.after))
+    return archive_matches(a, q) and (q.after is None or (a.archived_at, a.id) < q.after)
 
 
 def _archived(a: Any) -> MessageView:
     return MessageView(a.id, a.queue, a.state, dict(a.headers), a.payload, a.priority,
                        a.attempts_count, a.deliveries_count, a.created_at, a.archived_at,
-                       None, None, a.error, _entries(a.history), a.channel, a.result)
+                       None, None, a.error, _entries(a.history), a.channel, a.result,
+                       first_attempt_at=a.first_attempt_at)
 
 
 def _entries(history: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

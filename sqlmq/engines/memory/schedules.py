@@ -31,7 +31,8 @@ class MemorySchedules:
             found = self._registry.get(schedule.name)
             if found is None or not found.same_cadence(schedule):
                 found = ScheduleInfo(schedule.name, schedule.queue, schedule.cadence,
-                                     schedule.catch_up, self._now(), None, None)
+                                     schedule.catch_up, self._now(), None, None,
+                                     None if found is None else found.paused_at)
             else:
                 found = replace(found, queue=schedule.queue, catch_up=schedule.catch_up)
             self._registry[schedule.name] = found
@@ -45,9 +46,20 @@ class MemorySchedules:
         with self._lock:
             return self._registry.pop(name, None) is not None
 
+    async def pause_schedule(self, name: str, paused: bool) -> bool | None:
+        with self._lock:
+            found = self._registry.get(name)
+            if found is None:
+                return None
+            if found.paused == paused:
+                return False
+            self._registry[name] = replace(found, paused_at=self._now() if paused else None)
+            return True
+
     def _takes(self, name: str, tick: datetime) -> bool:
         found = self._registry.get(name)
-        return found is not None and (found.last_tick_at is None or found.last_tick_at < tick)
+        return found is not None and not found.paused and (
+            found.last_tick_at is None or found.last_tick_at < tick)
 
     async def fire_tick(self, name: str, tick: Any, produce: Produce) -> int | None:
         with self._lock:

@@ -48,6 +48,7 @@ from ..sql.rows import (
 from ..sql.settle_onward import needs_onward
 from ..sql.statements import channel_fields, render
 from . import statements as sql
+from .search import MysqlSearch
 
 #: JSON_ARRAYAGG is cut at ``group_concat_max_len`` bytes on MariaDB (and its results were
 #: cut at 64 KiB by MDEV-37835); an id takes at most 21 (19 digits, a comma and a space), so
@@ -312,7 +313,8 @@ def pass_bounds(channels: Sequence[str], most: int) -> dict[str, int]:
     return bounds
 
 
-class MysqlEngine(SlotPacket, FairPacket, IdLists, ArchiveAndStatsMixin, SqlEngine):
+class MysqlEngine(SlotPacket, FairPacket, IdLists, MysqlSearch, ArchiveAndStatsMixin,
+                  SqlEngine):
     """The contract on MySQL 8 and MariaDB."""
 
     hands_over = True

@@ -506,3 +506,26 @@ KEEP_RESULTS = """UPDATE (SELECT j.id, j.r FROM JSON_TABLE(%s, '$[*]' COLUMNS (
 # table whose statistics still say it is empty, a scan of it looks cheaper than the lookups.
 SERVED_IN_ORDER = """UPDATE ({items}) AS j STRAIGHT_JOIN {channel} AS c FORCE INDEX (PRIMARY)
     ON c.name = j.v SET c.served_at = UTC_TIMESTAMP(6), c.served_rank = j.i"""
+
+# ---- the archive's text search (schema version 26; see sqlmq.search) --------------------------
+
+# What a search reads of an archived row: its header values but {unsearched} (their JSON
+# array as text), then its error, the first {text_limit} characters, as its runs of
+# letters and digits in lower case, in a stored column that a FULLTEXT index reads (InnoDB
+# splits words at its own delimiters, keeping '_' in a word; here every word is already
+# apart). NULL when there is nothing to search. Binary collation: 'é' is not 'e', as on
+# the other databases. Headers a hand edit left no JSON object have no values: an
+# expression that failed on them would fail the settle that archives the row.
+SEARCH_COLUMN = r"""search_text TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin AS (NULLIF(TRIM(
+    LOWER(REGEXP_REPLACE(LEFT(CONCAT_WS(' ', IF(JSON_VALID(headers), IF(JSON_TYPE(headers) =
+    'OBJECT', JSON_EXTRACT(JSON_REMOVE(headers, '$."{unsearched}"'), '$.*'), NULL), NULL),
+    error), {text_limit}), '[^\\p{{L}}\\p{{N}}]+', ' '))), '')) STORED"""
+SEARCH_INDEX = "FULLTEXT INDEX ft_{a}_search (search_text)"
+# Both at once: one rebuild of the archive, which holds writes to it meanwhile.
+SEARCH_ADD = "ALTER TABLE {a} {additions}"
+# The index keeps every word (stopwords are taken when it is made): 'the' or 'will' in a
+# search must find the rows that have them, as elsewhere.
+SEARCH_STOPWORDS = "SELECT @@SESSION.innodb_ft_enable_stopword"
+SEARCH_STOPWORDS_SET = "SET SESSION innodb_ft_enable_stopword = {on}"
+# Every word of :search (+word* each, in boolean mode) begins a word of the row's.
+SEARCH_MATCH = "MATCH (search_text) AGAINST (:search IN BOOLEAN MODE)"

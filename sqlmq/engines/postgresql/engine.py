@@ -43,6 +43,7 @@ from .floors import ReadyFloors
 from .notify import DeadLetterListener, Listener, channel_for, dead_letter_channel
 from .outbox import CallersInsert
 from .results import PgResults
+from .search import PgSearch
 from .wakes import PublishWakes
 
 _PLANNED = "sqlmq_index_plans"  # the key in a connection's info while INDEX_PLANS_ON holds
@@ -209,7 +210,7 @@ class PgConnections(SqlEngine):
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-class PostgresEngine(CallersInsert, PgResults, ArchiveAndStatsMixin, PgConnections):
+class PostgresEngine(CallersInsert, PgResults, PgSearch, ArchiveAndStatsMixin, PgConnections):
     """The contract on PostgreSQL."""
 
     hands_over = False  # a publish wakes listeners at once; an acquire takes it from there

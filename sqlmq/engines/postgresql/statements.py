@@ -676,3 +676,26 @@ SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM woken)
 INDEX_PLANS_LOCAL = ("SELECT set_config('enable_seqscan', 'off', true), "
                      "set_config('enable_bitmapscan', 'off', true), "
                      "set_config('plan_cache_mode', 'force_generic_plan', true)")
+
+# ---- the archive's text search (schema version 26; see sqlmq.search) --------------------------
+
+# What a search reads of an archived row, as a tsvector: its header values but
+# {unsearched} (their JSON array as text), then its error, the runs of letters and digits
+# of the first {text_limit} characters (the 'simple' configuration lowers them and keeps
+# every word). A row whose headers a hand edit made no object has no header values.
+# SEARCH_INDEX is a GIN index on exactly this expression and SEARCHABLE; a query names both
+# word for word, so the planner matches it to the index.
+SEARCH_DOCUMENT = """to_tsvector('simple'::regconfig, regexp_replace(left(
+    CASE WHEN jsonb_typeof(headers) = 'object'
+         THEN jsonb_path_query_array(headers - '{unsearched}', '$.*')::text ELSE '' END
+    || ' ' || coalesce(error, ''), {text_limit}), '[^[:alnum:]]+', ' ', 'g'))"""
+
+# The rows that have anything to search: an error, or a header but {unsearched}. The
+# index leaves the others out, so archiving a message that completed costs it nothing.
+SEARCHABLE = """(error IS NOT NULL OR CASE WHEN jsonb_typeof(headers) = 'object'
+    THEN headers - '{unsearched}' <> '{{}}'::jsonb ELSE false END)"""
+
+# Made in the migrating transaction (no CONCURRENTLY there): writes to the archive wait
+# while it is built over the rows already archived.
+SEARCH_INDEX = ("CREATE INDEX IF NOT EXISTS ix_{a}_search ON {a} USING gin ("
+                + SEARCH_DOCUMENT + ") WHERE " + SEARCHABLE)

@@ -56,14 +56,17 @@ from ...lifecycle import State
 from ...records import Delivery
 from ...schema import Schema, channel_index_of, limited_rows
 from ...sqltime import db_now_plus
+from ...views import ARCHIVED_STATES, MessageView
 from ..sqlite import statements as sqlite_sql
 from .fair import CHANNEL_LOOK_INTERVAL, FairAcquire, is_ordered, limited, rekey, with_default
+from .insights import live_view
 from .lists import list_rows, listed, served_in_order, with_list
 from .operations import not_paused
 from .publish import run_flow
 from .room import MAKE_TRIES, default_columns, default_flow, effective, room_statements, vanished
 from .rows import blob, decode_history, decode_rows, headers_of, undecodable_delivery
 from .statements import names_for, render
+from .waits import waits_of
 
 _NOW = db_now_plus(literal(0.0))
 log = logging.getLogger("sqlmq")
@@ -346,6 +349,7 @@ class ChannelAdmin:
     _saw_channels: Callable[[], None]
     _saw_limits: Callable[[], None]
     _saw_free_channel: Callable[[], None]
+    _read: Callable[[Any], Awaitable[list[Any]]]
 
     async def set_channel(self, name: str, queue: str | None,
                           settings: ChannelSettings | None) -> bool:
@@ -449,21 +453,41 @@ class ChannelAdmin:
         async def read(conn: AsyncConnection) -> tuple[Sequence[Any], Sequence[Any]]:
             rows = (await conn.execute(select(c, *default_columns(d)).select_from(
                 with_default(self.schema)).order_by(c.c.name))).all()
+            due = func.coalesce(m.c.next_attempt_at, m.c.channel_due_at)
             counts = (await conn.execute(
-                select(m.c.channel, m.c.state, func.count()).where(m.c.channel.is_not(None))
-                .group_by(m.c.channel, m.c.state))).all()
+                select(m.c.channel, m.c.state, func.count(), func.min(due))
+                .where(m.c.channel.is_not(None)).group_by(m.c.channel, m.c.state))).all()
             return rows, counts
 
         rows, counts = await self._transaction(read)
         waiting: dict[str, int] = {}
         running: dict[str, int] = {}
-        for name, state, n in counts:
+        oldest: dict[str, Any] = {}
+        for name, state, n, first in counts:
             into = running if state == State.PROCESSING else waiting
             into[name] = into.get(name, 0) + n
+            if state != State.PROCESSING and first is not None and (
+                    oldest.get(name) is None or first < oldest[name]):
+                oldest[name] = first
         return [ChannelInfo(r.name, r.queue,
                             ChannelSettings.from_row(r) if r.configured else None,
                             effective(r), waiting.get(r.name, 0), running.get(r.name, 0),
-                            r.served_at) for r in rows]
+                            r.served_at, oldest.get(r.name)) for r in rows]
+
+    async def channel_served(self, window: float) -> dict[str, int]:
+        a = self.schema.archive
+        # The final states named, so that the (state, archived_at) index reads the window.
+        stmt = (select(a.c.channel, func.count())
+                .where(a.c.archived_at >= db_now_plus(literal(-float(window))),
+                       a.c.state.in_(ARCHIVED_STATES), a.c.channel.is_not(None))
+                .group_by(a.c.channel))
+        return {name: int(n) for name, n in await self._read(stmt)}
+
+    async def channel_messages(self, channel: str, limit: int) -> list[MessageView]:
+        m = self.schema.message
+        stmt = (select(m, waits_of(m).label("waits")).where(m.c.channel == channel)
+                .order_by(m.c.id).limit(limit))
+        return [live_view(r) for r in await self._read(stmt)]
 
 
 class ChannelSql:

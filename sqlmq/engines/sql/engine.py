@@ -28,19 +28,21 @@ from ...connect import sync_url
 from ...dead_letters import DeadLetterNotice
 from ...errors import ConfigurationError
 from ...lifecycle import Outcome, State, records_ending
-from ...migrate import MigrationLock, check_schema, migrate
+from ...migrate import DatabaseSteps, MigrationLock, check_schema, migrate
 from ...records import NewMessage, NewMessages, QueueStats, Settlement, Whereabouts
 from ...schema import Schema
 from ...sqltime import db_now_plus
+from ...views import ArchiveQuery
 from ..contract import DeadLetterSource, WakeSource
 from ..sqlite.connections import READ_ONLY
+from .browse import Browsing
 from .channels import ChannelAdmin, ChannelStatements
 from .connect import create_async, create_sync, finish_abandoned
 from .control import ControlStatements
 from .drivers import AsyncDriverConnection, SyncDriverConnection
 from .drivers.runs import DriverRuns
 from .fair import requeued_key, requeued_order
-from .insights import ArchiveInsights
+from .insights import ArchiveInsights, archive_where
 from .kept_connections import KeptConnections
 from .operations import OperationStatements
 from .publish import KEYED_TRIES, Flow, Step, publish_flow, run_flow, run_flow_sync
@@ -60,7 +62,7 @@ ARCHIVING = frozenset(o for o in Outcome if o.archives)
 RETURNING = frozenset(o for o in Outcome if not o.archives)
 
 class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, ControlStatements,
-                ResultStatements, TopicGroups, ScheduleRegistry, ArchiveInsights,
+                ResultStatements, TopicGroups, ScheduleRegistry, ArchiveInsights, Browsing,
                 OperationStatements, WorkflowStatements, KeptConnections, DriverRuns):
     """What the three SQL engines share: the SQLAlchemy engines under them, schema and
     life, and publishing through SQLAlchemy Core (see :meth:`_publish_core`).
@@ -139,9 +141,14 @@ class SqlEngine(ChannelStatements, SlotPassing, ChannelAdmin, OnwardSettle, Cont
         ``conn``'s transaction; returns what releases it, if it outlives the transaction."""
         return None
 
+    def database_steps(self) -> DatabaseSteps:
+        """What this database does at a version beyond the steps every database shares
+        (see :data:`sqlmq.migrate.DatabaseSteps`)."""
+        return {}
+
     async def migrate(self) -> int:
         lock: MigrationLock = self._migration_lock
-        return await migrate(self.db, self.schema, lock)
+        return await migrate(self.db, self.schema, lock, self.database_steps())
 
     async def check_schema(self, shown_url: str) -> None:
         await check_schema(self.db, self.schema, shown_url)
@@ -306,10 +313,10 @@ class ArchiveAndStatsMixin:
 
     def _archive_filter(
         self, queue: str | None, ids: Sequence[int] | None, state: str | None,
-        before: datetime | None,
+        before: datetime | None, matching: ArchiveQuery | None = None,
     ) -> list[Any]:
         a = self.schema.archive
-        where: list[Any] = []
+        where: list[Any] = [] if matching is None else archive_where(a, matching)
         if queue is not None:
             where.append(a.c.queue == queue)
         if ids is not None:
@@ -356,11 +363,12 @@ class ArchiveAndStatsMixin:
     async def requeue_archived(
         self, *, queue: str | None = None, ids: Sequence[int] | None = None,
         state: str = State.FAILED.value, limit: int | None = None,
+        matching: ArchiveQuery | None = None,
     ) -> int:
         from sqlalchemy import case, delete, select
 
         a, m = self.schema.archive, self.schema.message
-        where = self._archive_filter(queue, ids, state, None)
+        where = self._archive_filter(queue, ids, state, None, matching)
         async with self.db.begin() as conn:
             # Lock the archive rows first so a concurrent requeue cannot copy them twice.
             locked = select(a.c.id).where(*where)
@@ -427,12 +435,12 @@ class ArchiveAndStatsMixin:
     async def purge_archived(
         self, *, queue: str | None = None, state: str | None = None,
         before: datetime | None = None, limit: int | None = None,
-        ids: Sequence[int] | None = None,
+        ids: Sequence[int] | None = None, matching: ArchiveQuery | None = None,
     ) -> int:
         from sqlalchemy import delete, select
 
         a = self.schema.archive
-        where = self._archive_filter(queue, ids, state, before)
+        where = self._archive_filter(queue, ids, state, before, matching)
         async with self.db.begin() as conn:
             if limit is None:
                 return (await conn.execute(delete(a).where(*where))).rowcount

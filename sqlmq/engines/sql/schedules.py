@@ -3,10 +3,11 @@ the model).
 
 Publishing a tick is one transaction: lock the schedule's row (``FOR UPDATE``; SQLite's
 BEGIN IMMEDIATE holds every other writer off anyway), give up if the tick is not later than
-``last_tick_at``, make the message (the schedule's body function runs here, so it runs once
-per tick, not once per process), publish it, record the tick under its unique key and move
-``last_tick_at``. A process that comes second waits for the lock, then finds the tick
-taken. The tick rows older than :data:`KEEP_TICKS` are deleted on the way.
+``last_tick_at`` or the schedule is paused, make the message (the schedule's body function
+runs here, so it runs once per tick, not once per process), publish it, record the tick
+under its unique key and move ``last_tick_at``. A process that comes second waits for the
+lock, then finds the tick taken. The tick rows older than :data:`KEEP_TICKS` are deleted on
+the way.
 """
 
 from __future__ import annotations
@@ -79,6 +80,19 @@ class ScheduleRegistry:
             await conn.execute(delete(t).where(t.c.schedule == name))
             return bool((await conn.execute(delete(s).where(s.c.name == name))).rowcount)
 
+    async def pause_schedule(self, name: str, paused: bool) -> bool | None:
+        s = self.schema.schedule
+        async with self.db.begin() as conn:
+            found = (await conn.execute(select(s.c.paused_at).where(s.c.name == name)
+                                        .with_for_update())).first()
+            if found is None:
+                return None
+            if (found.paused_at is not None) == paused:
+                return False
+            await conn.execute(update(s).where(s.c.name == name).values(
+                paused_at=db_now_plus(literal(0.0)) if paused else None))
+            return True
+
     async def fire_tick(self, name: str, tick: Any, produce: Produce) -> int | None:
         try:
             async with self.db.begin() as conn:
@@ -89,10 +103,11 @@ class ScheduleRegistry:
     async def _fire(self, conn: AsyncConnection, name: str, tick: Any,
                     produce: Produce) -> int | None:
         s, t = self.schema.schedule, self.schema.schedule_tick
-        last = (await conn.execute(select(s.c.last_tick_at).where(s.c.name == name)
-                                   .with_for_update())).first()
-        if last is None or (last.last_tick_at is not None and last.last_tick_at >= tick):
-            return None  # deleted, or taken by another process
+        last = (await conn.execute(select(s.c.last_tick_at, s.c.paused_at)
+                                   .where(s.c.name == name).with_for_update())).first()
+        if last is None or last.paused_at is not None or (
+                last.last_tick_at is not None and last.last_tick_at >= tick):
+            return None  # deleted, paused, or taken by another process
         messages = await produce()
         (msg_id,) = await run_flow(conn, publish_flow(
             self.schema.message, conn.dialect, messages, self._wake_statement(messages)))
@@ -108,7 +123,8 @@ class ScheduleRegistry:
 def _info_of(row: Any) -> ScheduleInfo:
     every = None if row.every_micros is None else row.every_micros / 1_000_000
     return ScheduleInfo(row.name, row.queue, Cadence(cron=row.cron, every=every, tz=row.tz),
-                        row.catch_up, row.registered_at, row.last_tick_at, row.last_message_id)
+                        row.catch_up, row.registered_at, row.last_tick_at, row.last_message_id,
+                        row.paused_at)
 
 
 __all__ = ["KEEP_TICKS", "Produce", "ScheduleRegistry"]

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from ...channels import BLOCKED, ORDERED_LOOKAHEAD, TURN_BITS
 from ...records import HISTORY_LIMIT
 from ...schema import Schema
+from ...search import TEXT_LIMIT, UNSEARCHED_HEADER
 
 
 def render(text: str, names: Mapping[str, object]) -> str:
@@ -30,6 +31,12 @@ def channel_fields(names: Mapping[str, object]) -> dict[str, object]:
     (``{turn_mask}``, ``{blocked}``) and the ordered window's ``{lookahead}``."""
     return {**names, "turn_mask": (1 << TURN_BITS) - 1, "blocked": BLOCKED,
             "lookahead": ORDERED_LOOKAHEAD}
+
+
+def search_fields(names: Mapping[str, object]) -> dict[str, object]:
+    """``names`` and the fields of the archive's text search statements (see
+    :mod:`sqlmq.search`): the header it leaves out and how much of a row it reads."""
+    return {**names, "unsearched": UNSEARCHED_HEADER, "text_limit": TEXT_LIMIT}
 
 
 def names_for(schema: Schema) -> dict[str, object]:

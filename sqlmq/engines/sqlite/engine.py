@@ -39,9 +39,11 @@ from .rows import (
     stored_text,
     stored_time,
 )
+from .search import SqliteSearch
 
 
-class SqliteEngine(SqliteChannels, LogTruncation, ArchiveAndStatsMixin, SqlEngine):
+class SqliteEngine(SqliteChannels, LogTruncation, SqliteSearch, ArchiveAndStatsMixin,
+                   SqlEngine):
     """The contract on SQLite."""
 
     AUTOCOMMIT = False  # the driver's connections already are: no BEGIN unless sent

@@ -424,3 +424,60 @@ VALUES (:consumer, :seq, :id, :deliveries, :attempts)
 # A JSON array bound as :{key}, as rows: each item (v) and its place from 1 (i). The channel
 # acquire's lists of ids and names, one parameter whatever their length (sql_lists.py).
 LIST_ITEMS = "SELECT key + 1 AS i, value AS v FROM json_each(:{key})"
+
+# ---- the archive's text search (schema version 26; see sqlmq.search) --------------------------
+
+
+def _search_words(row: str) -> str:
+    """What a search reads of archive row ``row``: its header values but {unsearched}, then
+    its error, the first {text_limit} characters (the tokenizer finds the words and lowers
+    them). Headers a hand edit left no JSON object have no values: a trigger that failed on
+    them would fail the settle that archives the row."""
+    headers = (f"CASE WHEN NOT json_valid({row}.headers) THEN '{{{{}}}}' "
+               f"WHEN json_type({row}.headers) = 'object' THEN {row}.headers ELSE '{{{{}}}}' END")
+    return (f"substr(trim(coalesce((SELECT group_concat(value, ' ') FROM json_each({headers}) "
+            f"WHERE key <> '{{unsearched}}'), '') || ' ' || coalesce({row}.error, '')), "
+            "1, {text_limit})")
+
+
+# An FTS5 index without content of its own (content=''): the words of each archived row
+# that has any, under the row's id. Kept by the triggers below, in the transaction that
+# archives, requeues or purges the row; a row with nothing to search is never in it.
+# remove_diacritics 0: 'é' stays 'é', as PostgreSQL's and MariaDB's indexes keep it.
+SEARCH_TABLE = ("CREATE VIRTUAL TABLE {search} USING fts5(words, content='', "
+                "tokenize='unicode61 remove_diacritics 0')")
+SEARCH_TABLE_DROP = "DROP TABLE IF EXISTS {search}"
+SEARCH_ON_INSERT = f"""
+CREATE TRIGGER IF NOT EXISTS {{search}}_insert AFTER INSERT ON {{a}}
+WHEN {_search_words("NEW")} <> ''
+BEGIN
+    INSERT INTO {{search}} (rowid, words) VALUES (NEW.id, {_search_words("NEW")});
+END"""
+# An index without content forgets a row only when told its words, exactly as indexed.
+SEARCH_ON_DELETE = f"""
+CREATE TRIGGER IF NOT EXISTS {{search}}_delete AFTER DELETE ON {{a}}
+WHEN {_search_words("OLD")} <> ''
+BEGIN
+    INSERT INTO {{search}} ({{search}}, rowid, words)
+    VALUES ('delete', OLD.id, {_search_words("OLD")});
+END"""
+SEARCH_ON_UPDATE = f"""
+CREATE TRIGGER IF NOT EXISTS {{search}}_update AFTER UPDATE OF headers, error ON {{a}}
+BEGIN
+    INSERT INTO {{search}} ({{search}}, rowid, words)
+    SELECT 'delete', OLD.id, {_search_words("OLD")} WHERE {_search_words("OLD")} <> '';
+    INSERT INTO {{search}} (rowid, words)
+    SELECT NEW.id, {_search_words("NEW")} WHERE {_search_words("NEW")} <> '';
+END"""
+# The rows archived before the index was made.
+SEARCH_FILL = f"""
+INSERT INTO {{search}} (rowid, words)
+SELECT r.id, {_search_words("r")} FROM {{a}} AS r WHERE {_search_words("r")} <> ''
+"""
+
+# The ids of the rows with every word of :search (an FTS5 query), newest first: read from
+# the index in descending id order, so a page costs the same whatever the number found.
+SEARCH_HITS = """SELECT rowid AS id FROM {search} WHERE {search} MATCH :search
+ORDER BY rowid DESC LIMIT :limit"""
+SEARCH_HITS_BELOW = """SELECT rowid AS id FROM {search} WHERE {search} MATCH :search
+AND rowid < :before ORDER BY rowid DESC LIMIT :limit"""
