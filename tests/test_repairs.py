@@ -156,7 +156,7 @@ async def test_delete_and_filters(broker: Broker) -> None:
 async def test_bad_arguments_move_nothing(broker: Broker) -> None:
     await _archive(broker, "q", 3, "FAILED", datetime.now(UTC), 1)
     for call, reason in (
-        (broker.requeue(), "needs ids or a queue"),
+        (broker.requeue(), "needs ids, a queue or an archive search"),
         (broker.requeue(queue="q", states=["PENDING"]), "no archived state PENDING"),
         (broker.requeue(queue="q", batch=0), "batch must be 1 to 100000"),
         (broker.purge(older_than=-5), "older_than must be zero or more"),
