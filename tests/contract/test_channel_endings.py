@@ -83,10 +83,15 @@ async def test_an_onward_ending_passes_the_channel_on_and_leaves_nothing_stuck(
                                                        10)
     assert applied == {sent[0]}
     if kind == "ordered" and how == "defer":
-        # a deferred head keeps its place: nothing passes it, and it comes back first
-        assert started == []
-        await env.passes(0.35)
-        (again,) = await env.engine.acquire(["q"], 10, 30)
+        # a deferred head keeps its place: nothing passes it, and it comes back first. The
+        # settle's onward path passes the channel on after its transaction: where that took
+        # longer than the defer (a loaded machine), the head is due again and starts there.
+        assert ids(started) in ([], [sent[0]])
+        if started:
+            (again,) = started
+        else:
+            await env.passes(0.35)
+            (again,) = await env.engine.acquire(["q"], 10, 30)
         assert (again.id, again.saved_state, again.defers) == (sent[0], b"kept", 1)
         assert await drain(env, [again]) == sent
         return
